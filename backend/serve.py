@@ -1,0 +1,366 @@
+"""alrkvd-serve: run a real `tritonserver` on our model repository and block until stopped.
+
+Finds `tritonserver` in `$TRITONSERVER_HOME` (NVIDIA's image: /opt/tritonserver) or in the
+`nvidia-pytriton` wheel, lays out a private backend directory holding the Python-backend stub
+built for the running Python, sets the library path, starts the server, waits until every model
+is ready, prints the URLs, and stops the server cleanly on SIGINT/SIGTERM.
+
+    alrkvd-serve                                # HTTP 8000, gRPC 8001, metrics 8002
+    alrkvd-serve --gpu                          # models' configs/gpu.pbtxt (KIND_GPU)
+    alrkvd-serve --models smollm2 --http-port 9000
+
+Importing this module is cheap (standard library only): tests and the load tests use
+`find_tritonserver`, `wait_until_ready` and `TritonLauncher` directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL_REPOSITORY = REPO_ROOT / "model_repository"
+DEFAULT_HTTP_PORT, DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT = 8000, 8001, 8002
+STUB_NAME = "triton_python_backend_stub"
+
+
+class LaunchError(RuntimeError):
+    """The server could not be found, started, or did not become ready."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Finding the server
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """Where one `tritonserver` installation keeps its pieces."""
+
+    binary: Path  # bin/tritonserver
+    backends: Path  # holds python/ (libtriton_python.so, triton_python_backend_utils.py)
+    lib_dirs: tuple[Path, ...]  # go on LD_LIBRARY_PATH
+    stubs: Path | None  # python_backend_stubs/3.X/ (the wheel ships one stub per Python)
+
+    def stub_for(self, version: str) -> Path | None:
+        if self.stubs is None:
+            return None
+        stub = self.stubs / version / STUB_NAME
+        return stub if stub.is_file() else None
+
+
+def _install_from_home(home: Path) -> TritonInstall:
+    binary = home / "bin" / "tritonserver"
+    if not binary.is_file():
+        raise LaunchError(f"$TRITONSERVER_HOME={home} has no bin/tritonserver")
+    stubs = home / "python_backend_stubs"
+    return TritonInstall(
+        binary=binary,
+        backends=home / "backends",
+        lib_dirs=tuple(d for d in (home / "lib",) if d.is_dir()),
+        stubs=stubs if stubs.is_dir() else None,
+    )
+
+
+def _install_from_pytriton() -> TritonInstall | None:
+    # find_spec, not import: `import pytriton` pulls in numpy and friends.
+    from importlib.util import find_spec
+
+    spec = find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    pkg = Path(next(iter(spec.submodule_search_locations)))
+    home = pkg / "tritonserver"
+    if not (home / "bin" / "tritonserver").is_file():
+        return None
+    libs = [d for d in (pkg.parent / "nvidia_pytriton.libs", home / "external_libs") if d.is_dir()]
+    return TritonInstall(
+        binary=home / "bin" / "tritonserver",
+        backends=home / "backends",
+        lib_dirs=tuple(libs),
+        stubs=home / "python_backend_stubs",
+    )
+
+
+def find_tritonserver() -> TritonInstall:
+    """`$TRITONSERVER_HOME` first, then the `nvidia-pytriton` wheel of the running Python."""
+    home = os.environ.get("TRITONSERVER_HOME")
+    if home:
+        return _install_from_home(Path(home))
+    install = _install_from_pytriton()
+    if install is None:
+        raise LaunchError(
+            "tritonserver not found: set $TRITONSERVER_HOME or `pip install nvidia-pytriton==0.7.0` "
+            "(`make setup` does)"
+        )
+    return install
+
+
+def python_version() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def prepare_backend_dir(install: TritonInstall, workdir: Path) -> Path:
+    """A backend directory whose python/ holds the stub matching the running Python.
+
+    The wheel's own backends/python/ has no stub (pytriton copies one in at run time); we copy
+    the backend (1.5 MB) into `workdir` rather than write into the installed package, so several
+    servers from different Pythons or checkouts never race on it.
+    """
+    stub = install.stub_for(python_version())
+    if stub is None:
+        if (install.backends / "python" / STUB_NAME).is_file():
+            return install.backends  # a complete install (NVIDIA's image)
+        raise LaunchError(
+            f"no Python-backend stub for Python {python_version()} in {install.stubs}; "
+            "run the launcher with a Python the wheel ships a stub for (3.8-3.13)"
+        )
+    backends = workdir / "backends"
+    shutil.copytree(install.backends / "python", backends / "python", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(stub, backends / "python" / STUB_NAME)
+    return backends
+
+
+def server_env(install: TritonInstall, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for tritonserver and the stubs it forks.
+
+    The stub runs the `python3` first on PATH, so the running interpreter's bin goes first; the
+    repository root goes on PYTHONPATH so model.py can `import backend.engine`.
+    """
+    env = dict(os.environ if base is None else base)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    libs = [str(d) for d in install.lib_dirs]
+    if env.get("LD_LIBRARY_PATH"):
+        libs.append(env["LD_LIBRARY_PATH"])
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(libs)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def list_models(model_repository: Path) -> list[str]:
+    return sorted(p.name for p in model_repository.iterdir() if (p / "config.pbtxt").is_file())
+
+
+# ----------------------------------------------------------------------------------------------
+# Readiness
+# ----------------------------------------------------------------------------------------------
+
+
+def _http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def wait_until_ready(http_url: str, models: list[str], timeout: float,
+                     process: subprocess.Popen | None = None) -> None:
+    """Poll `/v2/health/ready` and each `/v2/models/<m>/ready` until all answer 200.
+
+    `http_url` is "host:port". Raises LaunchError when the process exits first or on timeout.
+    """
+    deadline = time.monotonic() + timeout
+    pending = [f"http://{http_url}/v2/health/ready"] + [
+        f"http://{http_url}/v2/models/{m}/ready" for m in models]
+    while pending:
+        if process is not None and process.poll() is not None:
+            raise LaunchError(f"tritonserver exited with code {process.returncode} before it was ready")
+        if time.monotonic() > deadline:
+            raise LaunchError(f"not ready after {timeout:.0f} s: {pending[0]}")
+        if _http_ok(pending[0]):
+            pending.pop(0)
+        else:
+            time.sleep(0.25)
+
+
+# ----------------------------------------------------------------------------------------------
+# The launcher
+# ----------------------------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: the server gets SIGTERM if the launcher dies without stopping it (Linux)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+@dataclass
+class TritonLauncher:
+    """One tritonserver process on one model repository."""
+
+    model_repository: Path = DEFAULT_MODEL_REPOSITORY
+    models: list[str] | None = None  # None: every model in the repository
+    host: str = "0.0.0.0"
+    http_port: int = DEFAULT_HTTP_PORT
+    grpc_port: int = DEFAULT_GRPC_PORT
+    metrics_port: int = DEFAULT_METRICS_PORT
+    gpu: bool = False
+    log_verbose: int = 0
+    exit_timeout_s: int = 30
+    extra_args: list[str] = field(default_factory=list)
+    process: subprocess.Popen | None = field(default=None, init=False)
+    _workdir: tempfile.TemporaryDirectory | None = field(default=None, init=False, repr=False)
+
+    @property
+    def _client_host(self) -> str:
+        return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+
+    @property
+    def http_url(self) -> str:
+        return f"{self._client_host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self._client_host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self._client_host}:{self.metrics_port}/metrics"
+
+    def selected_models(self) -> list[str]:
+        return list(self.models) if self.models else list_models(self.model_repository)
+
+    def command(self, install: TritonInstall, backends: Path) -> list[str]:
+        cmd = [
+            str(install.binary),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={backends}",
+            f"--http-address={self.host}", f"--http-port={self.http_port}",
+            f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}",
+            f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}",
+            "--allow-metrics=true",
+            f"--allow-gpu-metrics={str(self.gpu).lower()}",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+            f"--log-verbose={self.log_verbose}",
+            "--model-control-mode=explicit",
+        ]
+        cmd += [f"--load-model={m}" for m in self.selected_models()]
+        if self.gpu:
+            cmd.append("--model-config-name=gpu")  # <model>/configs/gpu.pbtxt
+        return cmd + list(self.extra_args)
+
+    def start(self, stdout=None, stderr=None) -> None:
+        if not self.model_repository.is_dir():
+            raise LaunchError(f"model repository {self.model_repository} does not exist")
+        install = find_tritonserver()
+        self._workdir = tempfile.TemporaryDirectory(prefix="alrkvd-triton-")
+        backends = prepare_backend_dir(install, Path(self._workdir.name))
+        self.process = subprocess.Popen(
+            self.command(install, backends), env=server_env(install), stdout=stdout, stderr=stderr,
+            start_new_session=True,  # our own signal handling decides when it stops
+            preexec_fn=_die_with_parent,
+        )
+
+    def wait_until_ready(self, timeout: float = 600.0) -> None:
+        wait_until_ready(self.http_url, self.selected_models(), timeout, self.process)
+
+    def stop(self, grace_s: float | None = None) -> int | None:
+        """SIGINT (Triton's graceful exit: drain, unload, finalize), then SIGKILL after a grace."""
+        proc = self.process
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=grace_s if grace_s is not None else self.exit_timeout_s + 15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)  # the server and its stubs
+                proc.wait()
+        if self._workdir is not None:
+            self._workdir.cleanup()
+            self._workdir = None
+        return proc.returncode
+
+    def print_urls(self, file=sys.stdout) -> None:
+        models = self.selected_models()
+        print(f"\nalrkvd: tritonserver ready with {', '.join(models)}", file=file)
+        print(f"  HTTP     http://{self.http_url}", file=file)
+        print(f"  gRPC     {self.grpc_url}", file=file)
+        print(f"  metrics  {self.metrics_url}", file=file)
+        print(f"  try      alrkvd-client --url {self.grpc_url} \"Write a haiku about caches\"", file=file)
+        print("  stop     Ctrl-C\n", file=file, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI
+# ----------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="alrkvd-serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-repository", type=Path, default=DEFAULT_MODEL_REPOSITORY)
+    p.add_argument("--models", nargs="+", default=None,
+                   help="models to load (default: every model in the repository)")
+    p.add_argument("--host", default="0.0.0.0", help="address the endpoints bind to")
+    p.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT)
+    p.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT)
+    p.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT)
+    p.add_argument("--gpu", action="store_true",
+                   help="use each model's configs/gpu.pbtxt (KIND_GPU) instead of config.pbtxt")
+    p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--exit-timeout", type=int, default=30,
+                   help="seconds Triton waits for in-flight requests when stopping")
+    p.add_argument("--ready-timeout", type=float, default=900.0,
+                   help="seconds to wait for the models to load")
+    p.add_argument("extra", nargs="*", help="further tritonserver options, after --")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    launcher = TritonLauncher(
+        model_repository=args.model_repository.resolve(), models=args.models, host=args.host,
+        http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
+        gpu=args.gpu, log_verbose=args.log_verbose, exit_timeout_s=args.exit_timeout,
+        extra_args=args.extra,
+    )
+    stopping = []
+
+    def _on_signal(signum, _frame):
+        stopping.append(signum)
+
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    try:
+        launcher.start()
+        deadline = time.monotonic() + args.ready_timeout
+        while not stopping:
+            try:
+                launcher.wait_until_ready(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+                launcher.print_urls()
+                break
+            except LaunchError:
+                if launcher.process.poll() is not None or time.monotonic() > deadline:
+                    raise
+        while not stopping and launcher.process.poll() is None:
+            time.sleep(0.2)
+    except LaunchError as e:
+        print(f"alrkvd-serve: {e}", file=sys.stderr)
+        launcher.stop()
+        return 1
+    if stopping:
+        print("alrkvd-serve: stopping tritonserver ...", file=sys.stderr, flush=True)
+    code = launcher.stop()
+    if stopping:
+        return 0 if code == 0 else 1
+    print(f"alrkvd-serve: tritonserver exited with code {code}", file=sys.stderr)
+    return code or 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
