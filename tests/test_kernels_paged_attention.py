@@ -1,0 +1,99 @@
+"""kernels/paged_attention.py against its PyTorch reference (CPU: TRITON_INTERPRET=1, small shapes).
+
+Tolerance |out - ref| <= atol + rtol |ref|, (atol, rtol): fp16 (2e-3, 2e-3), bf16 (1.5e-2, 1.6e-2),
+fp32 (1e-4, 1e-4); rtol is two units in the last place of the output dtype (outliers make outputs
+of magnitude ~30, and both sides round to the output dtype). The kernel rounds the softmax
+weights to the cache dtype before tl.dot (as FlashAttention does); the reference computes in fp32.
+"""
+from kernels.testing import make_block_tables, random_kv, use_interpreter_without_gpu
+
+DEVICE = use_interpreter_without_gpu()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kernels.paged_attention import paged_decode_attention, paged_decode_attention_ref  # noqa: E402
+
+TOL = {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.5e-2, 1.6e-2), torch.float32: (1e-4, 1e-4)}
+
+
+def _case(seq_lens, num_kv_heads, group, head_dim, block_size, dtype, seed=0, pad_blocks=None):
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = sum(-(-n // block_size) for n in seq_lens) + 3
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = random_kv(shape, dtype, gen)
+    v_cache = random_kv(shape, dtype, gen, channel_outliers=0)
+    q = random_kv((len(seq_lens), num_kv_heads * group, head_dim), dtype, gen)
+    block_tables = make_block_tables(seq_lens, block_size, num_blocks, gen, pad_to=pad_blocks)
+    seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32)
+    return [t.to(DEVICE) for t in (q, k_cache, v_cache, block_tables, seq_lens_t)]
+
+
+def _check(args, dtype, num_splits=None):
+    q = args[0]
+    scale = q.shape[-1] ** -0.5
+    out = paged_decode_attention(*args, scale, num_splits=num_splits)
+    ref = paged_decode_attention_ref(*args, scale)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("group", [1, 3, 4])
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_gqa_and_block_sizes(group, block_size):
+    # odd lengths, a partly filled last block, one sequence of a single token
+    args = _case([1, 37, 300], num_kv_heads=2, group=group, head_dim=64, block_size=block_size,
+                 dtype=torch.float16, seed=group * 1000 + block_size)
+    _check(args, torch.float16, num_splits=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_dtypes(dtype):
+    args = _case([129, 64], num_kv_heads=2, group=4, head_dim=128, block_size=16, dtype=dtype)
+    _check(args, dtype, num_splits=2)
+
+
+@pytest.mark.parametrize("num_splits", [1, 5, None])
+def test_splits(num_splits):
+    # 5 splits of 200 tokens: uneven, and more splits than tiles for the short sequence (empty splits)
+    args = _case([200, 3], num_kv_heads=1, group=3, head_dim=64, block_size=16, dtype=torch.float16,
+                 pad_blocks=20)
+    _check(args, torch.float16, num_splits=num_splits)
+
+
+def test_block_boundaries():
+    # lengths exactly on block and tile boundaries, and one past
+    args = _case([16, 64, 65, 128], num_kv_heads=1, group=4, head_dim=32, block_size=16,
+                 dtype=torch.float16)
+    _check(args, torch.float16, num_splits=2)
+
+
+def test_strided_query():
+    # q as a view of a fused qkv projection output: head_dim contiguous, batch stride larger
+    args = _case([50, 70], num_kv_heads=2, group=3, head_dim=64, block_size=16, dtype=torch.float16)
+    q = args[0]
+    fused = torch.zeros(q.shape[0], q.shape[1] + 4, q.shape[2], dtype=q.dtype, device=q.device)
+    fused[:, : q.shape[1]] = q
+    _check([fused[:, : q.shape[1]]] + args[1:], torch.float16, num_splits=2)
+
+
+def test_reference_matches_sdpa():
+    # the reference itself against torch SDPA on the gathered sequence
+    args = _case([45], num_kv_heads=2, group=3, head_dim=64, block_size=16, dtype=torch.float32)
+    q, k_cache, v_cache, block_tables, seq_lens = args
+    ref = paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, 0.125)
+    blocks = block_tables[0, :3].long()
+    k = k_cache[blocks].flatten(0, 1)[:45].transpose(0, 1)  # [Hkv, L, D]
+    v = v_cache[blocks].flatten(0, 1)[:45].transpose(0, 1)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q[0][:, None], k, v, scale=0.125, enable_gqa=True)[:, 0]
+    torch.testing.assert_close(ref[0], sdpa, atol=1e-5, rtol=1e-5)
+
+
+def test_empty_sequence():
+    # a padding row (seq_len 0, as in a padded CUDA-graph batch) gives zeros, not NaN
+    args = _case([0, 20], num_kv_heads=2, group=4, head_dim=64, block_size=16, dtype=torch.float16)
+    _check(args, torch.float16, num_splits=2)
+    out = paged_decode_attention(*args, 0.125, num_splits=2)
+    assert torch.all(out[0] == 0)
