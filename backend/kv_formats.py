@@ -1,0 +1,671 @@
+"""Compressed KV-cache formats behind the paged cache (backend/kv_cache.py).
+
+Every format owns fixed-size storage per (layer, block) so that the paged cache can allocate, free and
+account blocks uniformly.  Storage tensors all have the leading dims ``[num_layers, num_blocks, ...]``;
+``tensors()`` lists every tensor allocated, so ``sum(t.numel() * t.element_size())`` is the exact memory
+of the block pool (the cache adds its full-precision window slots on top).  The exact layouts are
+documented in docs/ALRKVD.md (kernels depend on them).
+
+Formats
+  fp16    the model dtype, uncompressed (non-windowed: ``write``).
+  int8    symmetric int8 per (token, head) with an fp16 scale (non-windowed: ``write``).
+  kivi2/3/4  KIVI: keys quantized per channel over groups of 32 tokens, values per token over groups of 32
+          channels, asymmetric (fp16 scale and zero point per group); windowed: the newest partial block
+          stays in the cache's full-precision window, a full block is quantized at once (``encode``).
+  alrkvd  adaptive low rank + low-bit residual, keys before RoPE (``rope_on_read``): per (layer, block) a
+          fixed total rank budget is water-filled over the kv heads (keys and values) from each head's
+          singular-value decay; the block's own basis (SVD) is stored 8-bit, latents at <= 8 bits, and the
+          residual is rotated (fixed randomized Hadamard) and quantized at low bit width with per-group
+          scales.  See docs/ALRKVD.md.
+
+Options arrive as strings (``--kv-opt KEY=VALUE``) and are parsed with the defaults of each class.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+
+__all__ = [
+    "KVFormat", "FP16Format", "Int8Format", "KIVIFormat", "ALRKVDFormat", "FORMATS", "make_format",
+    "pack_bits", "unpack_bits", "packed_len", "gauss_codebook",
+]
+
+
+# ----------------------------------------------------------------------------------------------------
+# option parsing
+# ----------------------------------------------------------------------------------------------------
+
+def _to_bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {v!r}")
+
+
+def _parse_options(name: str, spec: dict[str, tuple[Callable[[Any], Any], Any]], options: dict) -> dict:
+    out = {k: d for k, (_, d) in spec.items()}
+    for k, v in (options or {}).items():
+        key = k.replace("-", "_")
+        if key not in spec:
+            raise ValueError(f"unknown option {k!r} for kv format {name!r} (known: {', '.join(sorted(spec))})")
+        conv = spec[key][0]
+        try:
+            out[key] = conv(v) if v is not None else None
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"bad value {v!r} for option {k!r} of kv format {name!r}: {e}") from None
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# bit packing: b bits = sum of power-of-two planes (4, 2, 1 bits; 8 is a plain byte), highest plane first.
+# Plane with w bits holds 8/w values per byte; value j of the plane sits in byte j // (8/w) at bit
+# (j % (8/w)) * w.  Plane order in the packed last dim: the plane of the highest power first, each plane
+# holding the corresponding bits of the code (e.g. 3 bits: plane 2-bit = code & 3, then plane 1-bit = code >> 2).
+# ----------------------------------------------------------------------------------------------------
+
+def _planes(bits: int) -> list[int]:
+    if not 1 <= bits <= 8:
+        raise ValueError(f"bits must be in 1..8, got {bits}")
+    if bits == 8:
+        return [8]
+    return [w for w in (4, 2, 1) if bits & w]
+
+
+def packed_len(n: int, bits: int) -> int:
+    if (n * 1) % 8 and bits != 8:
+        raise ValueError(f"packed dimension {n} must be a multiple of 8")
+    return sum(n * w // 8 for w in _planes(bits))
+
+
+def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """codes: integer tensor with values in [0, 2**bits) -> uint8 tensor, last dim packed_len(n, bits)."""
+    c = codes.to(torch.int32)
+    n = c.shape[-1]
+    parts = []
+    shift = 0
+    for w in _planes(bits):
+        plane = (c >> shift) & ((1 << w) - 1)
+        shift += w
+        per = 8 // w
+        p = plane.reshape(*c.shape[:-1], n // per, per)
+        sh = torch.arange(per, device=c.device, dtype=torch.int32) * w
+        parts.append((p << sh).sum(-1).to(torch.uint8))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+def unpack_bits(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """Inverse of pack_bits: uint8 [..., packed_len(n, bits)] -> int32 codes [..., n]."""
+    p = packed.to(torch.int32)
+    out = torch.zeros(*p.shape[:-1], n, dtype=torch.int32, device=p.device)
+    pos = 0
+    shift = 0
+    for w in _planes(bits):
+        per = 8 // w
+        nb = n // per
+        chunk = p[..., pos:pos + nb]
+        pos += nb
+        sh = torch.arange(per, device=p.device, dtype=torch.int32) * w
+        vals = (chunk.unsqueeze(-1) >> sh) & ((1 << w) - 1)
+        out |= vals.reshape(*p.shape[:-1], n) << shift
+        shift += w
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# scalar quantizers
+# ----------------------------------------------------------------------------------------------------
+
+_GAUSS_CACHE: dict[int, torch.Tensor] = {}
+
+
+def gauss_codebook(bits: int) -> torch.Tensor:
+    """Lloyd-Max levels for a unit Gaussian (float32, ascending, 2**bits levels), computed once."""
+    if bits not in _GAUSS_CACHE:
+        n = 1 << bits
+        x = torch.linspace(-6, 6, 24001, dtype=torch.float64)
+        pdf = torch.exp(-0.5 * x * x)
+        lv = torch.linspace(-2.0, 2.0, n, dtype=torch.float64) if n > 1 else torch.zeros(1, dtype=torch.float64)
+        for _ in range(300):
+            edges = (lv[1:] + lv[:-1]) / 2
+            idx = torch.bucketize(x, edges)
+            num = torch.zeros(n, dtype=torch.float64).index_add_(0, idx, pdf * x)
+            den = torch.zeros(n, dtype=torch.float64).index_add_(0, idx, pdf)
+            lv = num / den
+        _GAUSS_CACHE[bits] = lv.to(torch.float32)
+    return _GAUSS_CACHE[bits]
+
+
+def quant_asym(x: torch.Tensor, bits: int, dim: int):
+    """Asymmetric uniform quantization with min and scale over ``dim`` (kept), both rounded to fp16 first.
+    Returns (codes int32, scale fp16, zero fp16 (the minimum))."""
+    qmax = (1 << bits) - 1
+    mn = x.amin(dim=dim, keepdim=True)
+    mx = x.amax(dim=dim, keepdim=True)
+    scale = ((mx - mn) / qmax).to(torch.float16)
+    zero = mn.to(torch.float16)
+    s = scale.float().clamp_min(1e-8)
+    q = torch.round((x - zero.float()) / s).clamp_(0, qmax).to(torch.int32)
+    return q, scale, zero
+
+
+def dequant_asym(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    return q.float() * scale.float() + zero.float()
+
+
+def quant_gauss(x: torch.Tensor, bits: int, dim: int, search: tuple[float, ...] = (0.8, 0.9, 1.0, 1.12, 1.25)):
+    """Symmetric non-uniform quantization on the Gaussian Lloyd-Max levels, scale per group over ``dim``
+    (the group RMS times the best of a few factors, MSE-optimal per group), rounded to fp16 first."""
+    lv = gauss_codebook(bits).to(x.device)
+    edges = (lv[1:] + lv[:-1]) / 2
+    rms = x.pow(2).mean(dim=dim, keepdim=True).sqrt().clamp_min(1e-8)
+    best_err = None
+    best_q = best_s = None
+    for f in search:
+        s = (rms * f).to(torch.float16)
+        sf = s.float().clamp_min(1e-8)
+        q = torch.bucketize((x / sf).contiguous(), edges).to(torch.int32)
+        err = (lv[q] * sf - x).pow(2).sum(dim=dim, keepdim=True)
+        if best_err is None:
+            best_err, best_q, best_s = err, q, s
+        else:
+            m = err < best_err
+            best_err = torch.where(m, err, best_err)
+            best_s = torch.where(m, s, best_s)
+            best_q = torch.where(m, q, best_q)
+    return best_q, best_s
+
+
+def dequant_gauss(q: torch.Tensor, scale: torch.Tensor, bits: int) -> torch.Tensor:
+    lv = gauss_codebook(bits).to(q.device)
+    return lv[q.long()] * scale.float()
+
+
+_ROT_CACHE: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def rotation_matrix(d: int, seed: int = 1234) -> torch.Tensor:
+    """Fixed orthonormal rotation (float32 [d, d]): randomized Hadamard (random signs, seeded) when d is a
+    power of two, else a seeded random orthogonal matrix.  A constant of the format: never stored per block."""
+    key = (d, seed)
+    if key not in _ROT_CACHE:
+        g = torch.Generator().manual_seed(seed)
+        if d & (d - 1) == 0:
+            h = torch.ones(1, 1, dtype=torch.float64)
+            while h.shape[0] < d:
+                h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+            signs = torch.randint(0, 2, (d,), generator=g).double() * 2 - 1
+            r = (signs[:, None] * h) / math.sqrt(d)
+        else:
+            a = torch.randn(d, d, generator=g, dtype=torch.float64)
+            r, _ = torch.linalg.qr(a)
+        _ROT_CACHE[key] = r.to(torch.float32)
+    return _ROT_CACHE[key]
+
+
+# ----------------------------------------------------------------------------------------------------
+# formats
+# ----------------------------------------------------------------------------------------------------
+
+class KVFormat:
+    """Base class.  Subclasses set ``name``, ``windowed``, ``rope_on_read``, ``default_block_size`` and
+    ``OPTIONS`` ({name: (parser, default)}), allocate storage with ``self._alloc`` in ``_allocate``."""
+
+    name = "base"
+    windowed = False
+    rope_on_read = False
+    default_block_size = 16
+    OPTIONS: dict[str, tuple[Callable[[Any], Any], Any]] = {}
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: str | torch.device, num_blocks: int, block_size: int | None = None, **options):
+        self.num_layers = int(num_layers)
+        self.num_kv_heads = int(num_kv_heads)
+        self.head_dim = int(head_dim)
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.num_blocks = int(num_blocks)
+        self.block_size = int(block_size or self.default_block_size)
+        self.options = _parse_options(self.name, self.OPTIONS, options)
+        self._tensors: dict[str, torch.Tensor] = {}
+        self._validate()
+        self._allocate()
+
+    # -- storage ---------------------------------------------------------------------------------------
+    def _validate(self) -> None:
+        pass
+
+    def _allocate(self) -> None:
+        raise NotImplementedError
+
+    def _alloc(self, name: str, shape_per_block: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        t = torch.zeros((self.num_layers, self.num_blocks, *shape_per_block), dtype=dtype, device=self.device)
+        self._tensors[name] = t
+        setattr(self, name, t)
+        return t
+
+    def tensors(self) -> list[torch.Tensor]:
+        return list(self._tensors.values())
+
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        return dict(self._tensors)
+
+    def bytes_per_block(self) -> int:
+        """Bytes of one block across all layers (K and V, all metadata)."""
+        return sum(t[0, 0].numel() * t.element_size() for t in self._tensors.values()) * self.num_layers
+
+    def bytes_per_token(self) -> float:
+        """Bytes per token of a closed block (all layers, K and V, all metadata); no window."""
+        return self.bytes_per_block() / self.block_size
+
+    def dense_bytes_per_token(self, dtype: torch.dtype | None = None) -> int:
+        """Uncompressed bytes per token in ``dtype`` (default: the model dtype), all layers, K and V."""
+        es = torch.empty((), dtype=dtype or self.dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * es
+
+    def describe(self) -> str:
+        opts = ",".join(f"{k}={v}" for k, v in self.options.items())
+        return f"{self.name}({opts})" if opts else self.name
+
+    # -- data path --------------------------------------------------------------------------------------
+    def write(self, layer: int, block_ids: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor) -> None:
+        raise NotImplementedError(f"{self.name} is windowed: the cache calls encode() on full blocks")
+
+    def encode(self, layer: int, block_id: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        raise NotImplementedError(f"{self.name} is not windowed: the cache calls write()")
+
+    def decode(self, layer: int, block_ids) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reconstruction of the listed blocks, in order: (k, v) each [n * block_size, H, D] in the model
+        dtype (keys before RoPE when ``rope_on_read``)."""
+        raise NotImplementedError
+
+    def roundtrip(self, k: torch.Tensor, v: torch.Tensor, layer: int = 0, block_id: int = 0):
+        """Compress one block [block_size, H, D] into block ``block_id`` and return its reconstruction."""
+        if self.windowed:
+            self.encode(layer, block_id, k, v)
+        else:
+            n = k.shape[0]
+            ids = torch.full((n,), block_id, dtype=torch.long, device=self.device)
+            self.write(layer, ids, torch.arange(n, device=self.device), k, v)
+        kk, vv = self.decode(layer, [block_id])
+        return kk[: k.shape[0]], vv[: k.shape[0]]
+
+    @staticmethod
+    def _ids(block_ids, device) -> torch.Tensor:
+        return torch.as_tensor(block_ids, dtype=torch.long, device=device).reshape(-1)
+
+
+class FP16Format(KVFormat):
+    """Uncompressed in the model dtype (the name is historical: on an fp32 model it is fp32)."""
+
+    name = "fp16"
+    windowed = False
+    default_block_size = 16
+
+    def _allocate(self):
+        shp = (self.block_size, self.num_kv_heads, self.head_dim)
+        self._alloc("k_cache", shp, self.dtype)
+        self._alloc("v_cache", shp, self.dtype)
+
+    def write(self, layer, block_ids, offsets, k, v):
+        b = self._ids(block_ids, self.device)
+        o = self._ids(offsets, self.device)
+        self.k_cache[layer, b, o] = k.to(self.dtype)
+        self.v_cache[layer, b, o] = v.to(self.dtype)
+
+    def decode(self, layer, block_ids):
+        b = self._ids(block_ids, self.device)
+        H, D = self.num_kv_heads, self.head_dim
+        return self.k_cache[layer, b].reshape(-1, H, D), self.v_cache[layer, b].reshape(-1, H, D)
+
+
+class Int8Format(KVFormat):
+    """Symmetric int8 per (token, head), fp16 scale = absmax / 127.  Max abs error <= scale / 2."""
+
+    name = "int8"
+    windowed = False
+    default_block_size = 16
+
+    def _allocate(self):
+        T, H, D = self.block_size, self.num_kv_heads, self.head_dim
+        self._alloc("k_q", (T, H, D), torch.int8)
+        self._alloc("v_q", (T, H, D), torch.int8)
+        self._alloc("k_scale", (T, H), torch.float16)
+        self._alloc("v_scale", (T, H), torch.float16)
+
+    @staticmethod
+    def _q(x):
+        x = x.float()
+        s = (x.abs().amax(-1) / 127.0).to(torch.float16)
+        q = torch.round(x / s.float().clamp_min(1e-8)[..., None]).clamp_(-127, 127).to(torch.int8)
+        return q, s
+
+    def write(self, layer, block_ids, offsets, k, v):
+        b = self._ids(block_ids, self.device)
+        o = self._ids(offsets, self.device)
+        kq, ks = self._q(k)
+        vq, vs = self._q(v)
+        self.k_q[layer, b, o] = kq
+        self.k_scale[layer, b, o] = ks
+        self.v_q[layer, b, o] = vq
+        self.v_scale[layer, b, o] = vs
+
+    def decode(self, layer, block_ids):
+        b = self._ids(block_ids, self.device)
+        H, D = self.num_kv_heads, self.head_dim
+        k = self.k_q[layer, b].float() * self.k_scale[layer, b].float()[..., None]
+        v = self.v_q[layer, b].float() * self.v_scale[layer, b].float()[..., None]
+        return k.reshape(-1, H, D).to(self.dtype), v.reshape(-1, H, D).to(self.dtype)
+
+
+class KIVIFormat(KVFormat):
+    """KIVI (Liu et al. 2024): keys per channel over groups of ``group`` tokens, values per token over groups
+    of ``group`` channels, asymmetric uniform ``bits``-bit codes with fp16 scale and zero point per group.
+    The newest block_size (default 128 = KIVI's residual length) tokens stay in the cache's full-precision
+    window.  Max abs error per element <= scale / 2 of its group."""
+
+    name = "kivi"
+    windowed = True
+    default_block_size = 128
+    OPTIONS = {"bits": (int, 2), "group": (int, 32)}
+
+    def _validate(self):
+        o = self.options
+        if o["bits"] not in (1, 2, 3, 4, 5, 6, 7, 8):
+            raise ValueError(f"kivi bits must be 1..8, got {o['bits']}")
+        g = o["group"]
+        if self.block_size % g or self.head_dim % g:
+            raise ValueError(f"kivi group {g} must divide block_size {self.block_size} and head_dim {self.head_dim}")
+        if self.block_size % 8 or self.head_dim % 8:
+            raise ValueError("kivi needs block_size and head_dim multiples of 8 (bit packing)")
+
+    def _allocate(self):
+        T, H, D = self.block_size, self.num_kv_heads, self.head_dim
+        b, g = self.options["bits"], self.options["group"]
+        # keys: channel-major, codes packed along tokens (KIVI's per-channel layout)
+        self._alloc("k_codes", (H, D, packed_len(T, b)), torch.uint8)
+        self._alloc("k_scale", (H, D, T // g), torch.float16)
+        self._alloc("k_zero", (H, D, T // g), torch.float16)
+        # values: token-major, codes packed along channels
+        self._alloc("v_codes", (T, H, packed_len(D, b)), torch.uint8)
+        self._alloc("v_scale", (T, H, D // g), torch.float16)
+        self._alloc("v_zero", (T, H, D // g), torch.float16)
+
+    def encode(self, layer, block_id, k, v):
+        T, H, D = self.block_size, self.num_kv_heads, self.head_dim
+        b, g = self.options["bits"], self.options["group"]
+        kt = k.float().permute(1, 2, 0).reshape(H, D, T // g, g)           # [H, D, groups, g]
+        q, s, z = quant_asym(kt, b, dim=-1)
+        self.k_codes[layer, block_id] = pack_bits(q.reshape(H, D, T), b)
+        self.k_scale[layer, block_id] = s[..., 0]
+        self.k_zero[layer, block_id] = z[..., 0]
+        vt = v.float().reshape(T, H, D // g, g)
+        q, s, z = quant_asym(vt, b, dim=-1)
+        self.v_codes[layer, block_id] = pack_bits(q.reshape(T, H, D), b)
+        self.v_scale[layer, block_id] = s[..., 0]
+        self.v_zero[layer, block_id] = z[..., 0]
+
+    def decode(self, layer, block_ids):
+        ids = self._ids(block_ids, self.device)
+        n = ids.numel()
+        T, H, D = self.block_size, self.num_kv_heads, self.head_dim
+        b, g = self.options["bits"], self.options["group"]
+        q = unpack_bits(self.k_codes[layer, ids], b, T).reshape(n, H, D, T // g, g)
+        k = dequant_asym(q, self.k_scale[layer, ids][..., None], self.k_zero[layer, ids][..., None])
+        k = k.reshape(n, H, D, T).permute(0, 3, 1, 2).reshape(n * T, H, D)
+        q = unpack_bits(self.v_codes[layer, ids], b, D).reshape(n, T, H, D // g, g)
+        v = dequant_asym(q, self.v_scale[layer, ids][..., None], self.v_zero[layer, ids][..., None])
+        return k.to(self.dtype), v.reshape(n * T, H, D).to(self.dtype)
+
+
+def _kivi(bits: int):
+    class _K(KIVIFormat):
+        name = f"kivi{bits}"
+        OPTIONS = {"bits": (int, bits), "group": (int, 32)}
+    _K.__name__ = f"KIVI{bits}Format"
+    return _K
+
+
+class ALRKVDFormat(KVFormat):
+    """Adaptive low-rank + low-bit residual KV compression (ALR-KVD).
+
+    Per (layer, block) and per stream s in (K head 0..H-1, V head 0..H-1), X_s [T, D] (keys before RoPE):
+      1. SVD X_s = U S W^T (the block's own data).  The ranks r_s of all 2H streams share a fixed budget
+         ``rank_budget`` (total rows per block, so the block has a fixed size): water-filling on the
+         normalized energy S_i^2 / sum S^2 (keys weighted by ``key_weight`` and by an optional per-head tilt,
+         e.g. from attention entropy), each r_s within [rank_min, rank_max].
+      2. Basis rows W_s[:, :r_s]^T stored int8 with one fp16 scale per row; latents L = X_s B^T (with the
+         dequantized basis B) stored with ``latent_bits`` asymmetric codes, fp16 scale and zero per row.
+      3. Residual E = X_s - L_hat B, rotated by a fixed randomized Hadamard matrix R (E R), quantized with
+         ``k_bits`` / ``v_bits`` per element on the Gaussian Lloyd-Max levels (``codebook=gauss``) or uniform
+         asymmetric levels (``codebook=uniform``), one fp16 scale (and zero for uniform) per ``group``
+         consecutive channels of a token.
+    Decode: X_hat = L_hat B + E_hat R^T; the cache applies RoPE to keys after decode (``rope_on_read``).
+    Blocks are segments: each block gets its own basis when it is encoded, and encoding a block never
+    touches any other block (the refresh of the basis for the next segment is the next encode)."""
+
+    name = "alrkvd"
+    windowed = True
+    rope_on_read = True
+    default_block_size = 128
+    OPTIONS = {
+        "rank_budget": (int, None),      # total rank rows per (layer, block) over 2H streams; None -> see below
+        "rank_per_head": (float, 4.0),   # default budget = round(rank_per_head * 2H)
+        "rank_min": (int, 0),
+        "rank_max": (int, None),         # None -> head_dim // 2
+        "key_weight": (float, 1.0),      # energy weight of key streams vs value streams in water-filling
+        "latent_bits": (int, 8),
+        "basis_bits": (int, 8),
+        "k_bits": (int, 2),
+        "v_bits": (int, 2),
+        "group": (int, 64),              # residual scale group (channels of one token)
+        "codebook": (str, "gauss"),      # gauss | uniform
+        "rotate": (_to_bool, True),      # randomized Hadamard on the residual
+        "seed": (int, 1234),
+    }
+
+    def _validate(self):
+        o = self.options
+        H, D, T = self.num_kv_heads, self.head_dim, self.block_size
+        if o["rank_max"] is None:
+            o["rank_max"] = D // 2
+        if o["rank_budget"] is None:
+            o["rank_budget"] = int(round(o["rank_per_head"] * 2 * H))
+        if not 0 <= o["rank_min"] <= o["rank_max"] <= min(D, T):
+            raise ValueError(f"need 0 <= rank_min <= rank_max <= min(head_dim, block_size), got {o['rank_min']}, {o['rank_max']}")
+        if not 2 * H * o["rank_min"] <= o["rank_budget"] <= 2 * H * o["rank_max"]:
+            raise ValueError(f"rank_budget {o['rank_budget']} outside [{2 * H * o['rank_min']}, {2 * H * o['rank_max']}]")
+        for key in ("latent_bits", "basis_bits", "k_bits", "v_bits"):
+            if not 1 <= o[key] <= 8:
+                raise ValueError(f"{key} must be in 1..8")
+        if o["codebook"] not in ("gauss", "uniform"):
+            raise ValueError("codebook must be gauss or uniform")
+        if o["codebook"] == "gauss" and max(o["k_bits"], o["v_bits"]) > 6:
+            raise ValueError("gauss codebook supports up to 6 bits")
+        if D % o["group"] or D % 8 or T % 8:
+            raise ValueError("group must divide head_dim; head_dim and block_size must be multiples of 8")
+
+    def _allocate(self):
+        o = self.options
+        T, H, D = self.block_size, self.num_kv_heads, self.head_dim
+        R = o["rank_budget"]
+        G = D // o["group"]
+        self._alloc("ranks", (2 * H,), torch.int16)                       # K heads then V heads
+        if R > 0:
+            self._alloc("basis", (R, packed_len(D, o["basis_bits"]) if o["basis_bits"] < 8 else D),
+                        torch.uint8 if o["basis_bits"] < 8 else torch.int8)
+            self._alloc("basis_scale", (R,), torch.float16)
+            self._alloc("latent", (T, packed_len(R, o["latent_bits"]) if R % 8 == 0 or o["latent_bits"] == 8
+                                   else self._raise_r()), torch.uint8)
+            self._alloc("latent_scale", (R,), torch.float16)
+            self._alloc("latent_zero", (R,), torch.float16)
+        uni = o["codebook"] == "uniform"
+        for kv, bits in (("k", o["k_bits"]), ("v", o["v_bits"])):
+            self._alloc(f"{kv}_resid", (T, H, packed_len(D, bits)), torch.uint8)
+            self._alloc(f"{kv}_rscale", (T, H, G), torch.float16)
+            if uni:
+                self._alloc(f"{kv}_rzero", (T, H, G), torch.float16)
+        self._rot = rotation_matrix(D, o["seed"]).to(self.device) if o["rotate"] else None
+        self._head_tilt = torch.ones(self.num_layers, 2 * H)
+
+    def _raise_r(self):
+        raise ValueError("rank_budget must be a multiple of 8 when latent_bits < 8")
+
+    # -- rank allocation ---------------------------------------------------------------------------------
+    def set_head_tilt(self, layer: int, weights: torch.Tensor) -> None:
+        """Optional per-stream energy weights ([2H] or [H] for keys only) for the rank water-filling of later
+        blocks of ``layer`` (e.g. from attention entropy: sharper heads get more key rank)."""
+        w = torch.as_tensor(weights, dtype=torch.float32).flatten()
+        H = self.num_kv_heads
+        if w.numel() == H:
+            w = torch.cat([w, torch.ones(H)])
+        self._head_tilt[layer] = w
+
+    def allocate_ranks(self, svals: torch.Tensor, tilt: torch.Tensor | None = None) -> torch.Tensor:
+        """Water-filling: svals [2H, m] descending -> ranks [2H] summing to rank_budget, each in
+        [rank_min, rank_max], maximizing the captured (weighted, normalized) energy."""
+        o = self.options
+        S2 = svals.float().pow(2)
+        e = S2 / S2.sum(-1, keepdim=True).clamp_min(1e-20)
+        H = self.num_kv_heads
+        w = torch.ones(2 * H)
+        w[:H] = o["key_weight"]
+        if tilt is not None:
+            w = w * tilt
+        e = e * w[:, None].to(e.device)
+        lo, hi = o["rank_min"], min(o["rank_max"], svals.shape[-1])
+        ranks = torch.full((2 * H,), lo, dtype=torch.long)
+        extra = o["rank_budget"] - 2 * H * lo
+        if extra > 0:
+            cand = e[:, lo:hi]                                        # [2H, hi-lo]
+            # strictly decreasing tie-break so that top-k picks prefixes of each stream
+            cand = cand - torch.arange(hi - lo, device=e.device, dtype=e.dtype)[None] * 1e-12
+            top = torch.topk(cand.flatten(), extra).indices
+            ranks += torch.bincount((top // (hi - lo)).cpu(), minlength=2 * H)
+        return ranks
+
+    # -- encode / decode ----------------------------------------------------------------------------------
+    def _quant_resid(self, e: torch.Tensor, bits: int):
+        """e: [T, H, D] -> codes [T, H, D], scale [T, H, G] (, zero)."""
+        T, H, D = e.shape
+        g = self.options["group"]
+        x = e.reshape(T, H, D // g, g)
+        if self.options["codebook"] == "gauss":
+            q, s = quant_gauss(x, bits, dim=-1)
+            return q.reshape(T, H, D), s[..., 0], None
+        q, s, z = quant_asym(x, bits, dim=-1)
+        return q.reshape(T, H, D), s[..., 0], z[..., 0]
+
+    def _dequant_resid(self, q, s, z, bits):
+        g = self.options["group"]
+        shp = q.shape
+        q = q.reshape(*shp[:-1], shp[-1] // g, g)
+        if z is None:
+            x = dequant_gauss(q, s[..., None], bits)
+        else:
+            x = dequant_asym(q, s[..., None], z[..., None])
+        return x.reshape(shp)
+
+    def encode(self, layer, block_id, k, v):
+        o = self.options
+        T, H, D = self.block_size, self.num_kv_heads, self.head_dim
+        R = o["rank_budget"]
+        X = torch.cat([k.float(), v.float()], dim=1).permute(1, 0, 2).contiguous()   # [2H, T, D]
+        rec = torch.zeros_like(X)
+        if R > 0:
+            _, S, Vh = torch.linalg.svd(X, full_matrices=False)                      # Vh [2H, m, D]
+            ranks = self.allocate_ranks(S, self._head_tilt[layer])
+            rows = torch.cat([Vh[s, : int(ranks[s])] for s in range(2 * H)], 0)        # [R, D]
+            # basis: symmetric per-row quantization
+            bb = o["basis_bits"]
+            qmax = (1 << (bb - 1)) - 1
+            bscale = (rows.abs().amax(-1) / qmax).to(torch.float16)
+            bq = torch.round(rows / bscale.float().clamp_min(1e-8)[:, None]).clamp_(-qmax, qmax)
+            B = bq * bscale.float()[:, None]                                          # dequantized [R, D]
+            owner = torch.repeat_interleave(torch.arange(2 * H), ranks).to(X.device)  # stream of each row
+            lat = torch.einsum("rtd,rd->tr", X[owner], B)                             # [T, R]
+            lq, ls, lz = quant_asym(lat, o["latent_bits"], dim=0)
+            latd = dequant_asym(lq, ls, lz)                                           # [T, R]
+            contrib = latd.t()[:, :, None] * B[:, None, :]                            # [R, T, D]
+            rec.index_add_(0, owner, contrib)
+            self.ranks[layer, block_id] = ranks.to(torch.int16)
+            if bb == 8:
+                self.basis[layer, block_id] = bq.to(torch.int8)
+            else:
+                self.basis[layer, block_id] = pack_bits((bq + qmax + 1).to(torch.int32), bb)
+            self.basis_scale[layer, block_id] = bscale
+            self.latent[layer, block_id] = pack_bits(lq, o["latent_bits"])
+            self.latent_scale[layer, block_id] = ls[0]
+            self.latent_zero[layer, block_id] = lz[0]
+        else:
+            self.ranks[layer, block_id] = 0
+        E = (X - rec).permute(1, 0, 2)                                                # [T, 2H, D]
+        if self._rot is not None:
+            E = E @ self._rot
+        for kv, sl, bits in (("k", slice(0, H), o["k_bits"]), ("v", slice(H, 2 * H), o["v_bits"])):
+            q, s, z = self._quant_resid(E[:, sl], bits)
+            getattr(self, f"{kv}_resid")[layer, block_id] = pack_bits(q, bits)
+            getattr(self, f"{kv}_rscale")[layer, block_id] = s
+            if z is not None:
+                getattr(self, f"{kv}_rzero")[layer, block_id] = z
+
+    def decode(self, layer, block_ids):
+        o = self.options
+        ids = self._ids(block_ids, self.device)
+        n = ids.numel()
+        T, H, D = self.block_size, self.num_kv_heads, self.head_dim
+        R = o["rank_budget"]
+        uni = o["codebook"] == "uniform"
+        outs = []
+        for kv, bits in (("k", o["k_bits"]), ("v", o["v_bits"])):
+            q = unpack_bits(getattr(self, f"{kv}_resid")[layer, ids], bits, D)         # [n, T, H, D]
+            s = getattr(self, f"{kv}_rscale")[layer, ids]
+            z = getattr(self, f"{kv}_rzero")[layer, ids] if uni else None
+            outs.append(self._dequant_resid(q, s, z, bits))
+        E = torch.cat(outs, dim=2)                                                     # [n, T, 2H, D]
+        if self._rot is not None:
+            E = E @ self._rot.t()
+        if R > 0:
+            bb = o["basis_bits"]
+            if bb == 8:
+                bq = self.basis[layer, ids].float()
+            else:
+                qmax = (1 << (bb - 1)) - 1
+                bq = unpack_bits(self.basis[layer, ids], bb, D).float() - (qmax + 1)
+            B = bq * self.basis_scale[layer, ids].float()[..., None]                 # [n, R, D]
+            lq = unpack_bits(self.latent[layer, ids], o["latent_bits"], R)             # [n, T, R]
+            lat = dequant_asym(lq, self.latent_scale[layer, ids][:, None], self.latent_zero[layer, ids][:, None])
+            ranks = self.ranks[layer, ids].long()                                      # [n, 2H]
+            # one-hot owner matrix per block: M[n, R, 2H]
+            ends = ranks.cumsum(-1)
+            starts = ends - ranks
+            r = torch.arange(R, device=self.device)[None, :, None]
+            M = ((r >= starts[:, None, :]) & (r < ends[:, None, :])).float()
+            # rec[n, T, s, D] = sum_r lat[n,T,r] * M[n,r,s] * B[n,r,D]
+            E = E + torch.einsum("ntr,nrs,nrd->ntsd", lat, M, B)
+        k = E[:, :, :H].reshape(n * T, H, D)
+        v = E[:, :, H:].reshape(n * T, H, D)
+        return k.to(self.dtype), v.to(self.dtype)
+
+
+FORMATS: dict[str, type[KVFormat]] = {
+    "fp16": FP16Format,
+    "int8": Int8Format,
+    "kivi2": _kivi(2),
+    "kivi3": _kivi(3),
+    "kivi4": _kivi(4),
+    "alrkvd": ALRKVDFormat,
+}
+
+
+def make_format(name: str, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                device, num_blocks: int, block_size: int | None = None, **options) -> KVFormat:
+    if name not in FORMATS:
+        raise ValueError(f"unknown kv format {name!r} (known: {', '.join(FORMATS)})")
+    return FORMATS[name](num_layers, num_kv_heads, head_dim, dtype, device, num_blocks, block_size, **options)
