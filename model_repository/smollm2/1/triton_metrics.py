@@ -1,0 +1,159 @@
+"""Engine and request metrics on Triton's /metrics, recorded off the hot path.
+
+Every `pb_utils.MetricFamily` is declared in `TritonMetrics`; `MetricsLogger.record_*` only
+enqueue, and the logger's thread updates the metrics and refreshes the engine gauges
+(running and waiting requests, KV cache use and compression) every `interval_s`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import triton_python_backend_utils as pb_utils
+
+# Seconds; vLLM's buckets, so dashboards built for the vLLM backend read these too.
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0]
+TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0]
+E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+               120.0, 240.0, 480.0, 960.0]
+FINISH_REASONS = ("stop", "length", "cancelled")
+FAILURE_REASONS = ("invalid", "queue_full", "error")
+
+
+class TritonMetrics:
+    """All metric families and this model's labelled metrics."""
+
+    def __init__(self, labels: dict):
+        F = pb_utils.MetricFamily
+        self.families = []
+
+        def family(name, description, kind):
+            f = F(name=name, description=description, kind=kind)
+            self.families.append(f)
+            return f
+
+        def histogram(name, description, buckets):
+            return family(name, description, F.HISTOGRAM).Metric(labels=labels, buckets=buckets)
+
+        def metric(name, description, kind, **extra):
+            return family(name, description, kind).Metric(labels={**labels, **extra})
+
+        self.time_to_first_token = histogram(
+            "alrkvd:time_to_first_token_seconds", "Time to first token, from arrival", TTFT_BUCKETS)
+        self.time_per_output_token = histogram(
+            "alrkvd:time_per_output_token_seconds", "Time per output token after the first", TPOT_BUCKETS)
+        self.e2e_latency = histogram(
+            "alrkvd:e2e_request_latency_seconds", "Arrival to last token of finished requests", E2E_BUCKETS)
+        self.prompt_tokens = metric(
+            "alrkvd:prompt_tokens_total", "Prompt tokens of admitted requests", F.COUNTER)
+        self.generation_tokens = metric(
+            "alrkvd:generation_tokens_total", "Generated tokens", F.COUNTER)
+        success = family("alrkvd:request_success_total", "Finished requests by finish reason", F.COUNTER)
+        self.request_success = {r: success.Metric(labels={**labels, "finished_reason": r})
+                                for r in FINISH_REASONS}
+        failure = family("alrkvd:request_failure_total", "Refused or failed requests by reason", F.COUNTER)
+        self.request_failure = {r: failure.Metric(labels={**labels, "reason": r}) for r in FAILURE_REASONS}
+        self.running = metric("alrkvd:num_requests_running", "Sequences the engine is running", F.GAUGE)
+        self.waiting = metric("alrkvd:num_requests_waiting", "Requests waiting in the engine queue", F.GAUGE)
+        self.kv_usage = metric("alrkvd:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1)", F.GAUGE)
+        self.kv_blocks_used = metric("alrkvd:kv_cache_blocks_used", "KV blocks in use", F.GAUGE)
+        self.kv_blocks_total = metric("alrkvd:kv_cache_blocks_total", "KV blocks in the cache", F.GAUGE)
+        self.kv_bytes_used = metric("alrkvd:kv_cache_bytes_used", "KV bytes in use", F.GAUGE)
+        self.kv_compression = metric(
+            "alrkvd:kv_cache_compression_ratio", "KV bytes per token of fp16 over those of the cache format",
+            F.GAUGE)
+
+
+class MetricsLogger:
+    """`record_*` enqueue; one thread applies the records and refreshes the engine gauges."""
+
+    def __init__(self, metrics: TritonMetrics, stats_fn, interval_s: float = 0.5):
+        self.metrics = metrics
+        self.stats_fn = stats_fn
+        self.interval_s = interval_s
+        self.queue: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._loop, name="alrkvd-metrics", daemon=True)
+        self.thread.start()
+
+    # ---- producers (any thread) ------------------------------------------------------------
+    def record_first_token(self, ttft_s: float, num_prompt_tokens: int):
+        self.queue.put(("first", ttft_s, num_prompt_tokens))
+
+    def record_tokens(self, n: int, gap_s: float | None):
+        """n new tokens; `gap_s` since the previous tokens (None for the first ones)."""
+        self.queue.put(("tokens", n, gap_s))
+
+    def record_finished(self, reason: str | None, e2e_s: float):
+        self.queue.put(("finished", reason, e2e_s))
+
+    def record_failure(self, reason: str):
+        self.queue.put(("failure", reason))
+
+    def refresh(self):
+        self.queue.put(("refresh",))
+
+    def shutdown(self):
+        self.queue.put(None)
+        self.thread.join(timeout=5)
+
+    # ---- the logger thread -----------------------------------------------------------------
+    def _loop(self):
+        next_refresh = time.monotonic()
+        while True:
+            try:
+                item = self.queue.get(timeout=max(0.0, next_refresh - time.monotonic()))
+            except queue.Empty:
+                item = ("refresh",)
+            if item is None:
+                return
+            if item[0] == "refresh" or time.monotonic() >= next_refresh:
+                next_refresh = time.monotonic() + self.interval_s
+                if item[0] != "refresh":
+                    self._safely(("refresh",))
+            self._safely(item)
+
+    def _safely(self, item):
+        try:
+            self._apply(item)
+        except Exception as e:  # a metric must never take the model down
+            pb_utils.Logger.log_warn(f"alrkvd metrics: {item[0]} failed: {e!r}")
+
+    def _apply(self, item):
+        m = self.metrics
+        kind = item[0]
+        if kind == "first":
+            m.time_to_first_token.observe(item[1])
+            m.prompt_tokens.increment(item[2])
+        elif kind == "tokens":
+            n, gap = item[1], item[2]
+            m.generation_tokens.increment(n)
+            if gap is not None:  # spread the gap over the tokens it brought
+                for _ in range(n):
+                    m.time_per_output_token.observe(gap / n)
+        elif kind == "finished":
+            reason, e2e = item[1], item[2]
+            if reason in m.request_success:
+                m.request_success[reason].increment(1)
+            if reason != "cancelled":
+                m.e2e_latency.observe(e2e)
+            self._refresh()
+        elif kind == "failure":
+            m.request_failure[item[1]].increment(1)
+        else:
+            self._refresh()
+
+    def _refresh(self):
+        s = self.stats_fn()
+        m = self.metrics
+        m.running.set(s.get("running", 0))
+        m.waiting.set(s.get("waiting", 0))
+        used, total = s.get("kv_blocks_used", 0), s.get("kv_blocks_total", 0)
+        m.kv_blocks_used.set(used)
+        m.kv_blocks_total.set(total)
+        m.kv_usage.set(used / total if total else 0.0)
+        m.kv_bytes_used.set(s.get("kv_bytes_used", 0))
+        m.kv_compression.set(s.get("compression", 1.0))

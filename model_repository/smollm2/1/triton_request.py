@@ -1,0 +1,227 @@
+"""Parsing and validation of one generate request, and building its responses.
+
+Inputs and outputs follow Triton's vLLM backend, so its clients and tools work unchanged.
+Everything here runs before the engine sees the request: a bad request becomes a
+`RequestError` carrying the Triton error code, and never reaches the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+# (name, data_type, dims, optional) -- the vLLM backend's generate inputs and outputs.
+INPUTS = [
+    ("text_input", "TYPE_STRING", [1], False),
+    ("stream", "TYPE_BOOL", [1], True),
+    ("sampling_parameters", "TYPE_STRING", [1], True),
+    ("exclude_input_in_output", "TYPE_BOOL", [1], True),
+    ("return_finish_reason", "TYPE_BOOL", [1], True),
+    ("return_num_input_tokens", "TYPE_BOOL", [1], True),
+    ("return_num_output_tokens", "TYPE_BOOL", [1], True),
+]
+OUTPUTS = [
+    ("text_output", "TYPE_STRING", [-1]),
+    ("finish_reason", "TYPE_STRING", [-1]),
+    ("num_input_tokens", "TYPE_UINT32", [1]),
+    ("num_output_tokens", "TYPE_UINT32", [-1]),
+]
+ADDITIONAL_OUTPUTS = ("return_finish_reason", "return_num_input_tokens", "return_num_output_tokens")
+# Request keys that are not sampling parameters: set by Triton's frontends, or taken here.
+RESERVED_PARAMETER_PREFIX = "triton_"
+PRIORITY_KEY = "priority"
+MAX_PROMPT_BYTES = 1 << 20
+
+
+class RequestError(Exception):
+    """A request refused before it reached the engine (or at its door, e.g. a full queue)."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+    def to_triton(self) -> "pb_utils.TritonError":
+        return pb_utils.TritonError(str(self), self.code)
+
+
+def invalid(message: str) -> RequestError:
+    return RequestError(message, pb_utils.TritonError.INVALID_ARG)
+
+
+def unavailable(message: str) -> RequestError:
+    return RequestError(message, pb_utils.TritonError.UNAVAILABLE)
+
+
+# ----------------------------------------------------------------------------------------------
+# Sampling parameters
+# ----------------------------------------------------------------------------------------------
+
+
+def _coerce(key: str, value, annotation: str):
+    """vLLM-backend clients send numbers as strings ({"temperature": "0.1"}); accept those.
+
+    Only a string that spells a value of the field's type is converted; anything else is left
+    for `SamplingParams.from_dict`, which rejects it with a message naming key and value.
+    """
+    if not isinstance(value, str):
+        return value
+    ann = annotation.replace(" ", "")
+    try:
+        if ann in ("int", "int|None"):
+            return int(value)
+        if ann in ("float", "float|None"):
+            return float(value)
+        if ann in ("bool", "bool|None") and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+    except ValueError:
+        pass
+    return value
+
+
+def parse_sampling(raw: dict, sampling_cls, vocab_size: int | None, max_model_len: int | None):
+    """Dict from the request -> (SamplingParams, priority); RequestError on bad keys/values."""
+    raw = {k: v for k, v in raw.items() if not k.startswith(RESERVED_PARAMETER_PREFIX)}
+    priority = raw.pop(PRIORITY_KEY, 0)
+    if isinstance(priority, str) and priority.lstrip("-").isdigit():
+        priority = int(priority)
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise invalid(f"sampling parameter 'priority'={priority!r}: must be an integer")
+    annotations = {f.name: str(f.type) for f in fields(sampling_cls)}
+    values = {k: _coerce(k, v, annotations[k]) if k in annotations else v for k, v in raw.items()}
+    try:
+        params = sampling_cls.from_dict(values, vocab_size=vocab_size)
+    except (ValueError, TypeError) as e:
+        raise invalid(str(e)) from None
+    if max_model_len and params.max_tokens >= max_model_len:
+        raise invalid(f"sampling parameter 'max_tokens'={params.max_tokens}: this model generates "
+                      f"at most {max_model_len - 1} tokens (max_model_len {max_model_len})")
+    return params, priority
+
+
+# ----------------------------------------------------------------------------------------------
+# One request
+# ----------------------------------------------------------------------------------------------
+
+
+def _input(request, name: str):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+def _bool_input(request, name: str) -> bool | None:
+    arr = _input(request, name)
+    if arr is None:
+        return None
+    if arr.size != 1:
+        raise invalid(f"input '{name}' must hold one boolean, got shape {list(arr.shape)}")
+    return bool(arr.reshape(-1)[0])
+
+
+def _string_input(request, name: str) -> bytes | None:
+    arr = _input(request, name)
+    if arr is None:
+        return None
+    if arr.size != 1:
+        raise invalid(f"input '{name}' must hold one string, got shape {list(arr.shape)}")
+    value = arr.reshape(-1)[0]
+    return value if isinstance(value, bytes) else str(value).encode("utf-8")
+
+
+@dataclass
+class GenerateRequest:
+    """A parsed, validated request and what is needed to answer it."""
+
+    sender: object  # pb_utils.InferenceResponseSender
+    request_id: str  # unique engine id (Triton ids are client-chosen and may repeat)
+    prompt: str
+    params: object  # backend.engine.SamplingParams
+    priority: int
+    stream: bool
+    prepend_input: bool
+    additional: dict
+    arrival: float = field(default_factory=time.perf_counter)
+    # response state
+    sent_text_len: int = 0
+    sent_tokens: int = 0
+    seen_tokens: int = 0
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    num_prompt_tokens: int = 0
+    final_sent: bool = False
+    cancelled: bool = False
+
+    @classmethod
+    def parse(cls, request, sampling_cls, vocab_size=None, max_model_len=None) -> "GenerateRequest":
+        """Read and check every input; raises RequestError (INVALID_ARG) naming the problem."""
+        text = _string_input(request, "text_input")
+        if text is None:
+            raise invalid("input 'text_input' is required")
+        if len(text) > MAX_PROMPT_BYTES:
+            raise invalid(f"input 'text_input' has {len(text)} bytes; at most {MAX_PROMPT_BYTES}")
+        try:
+            prompt = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise invalid(f"input 'text_input' is not valid UTF-8: {e}") from None
+        if not prompt:
+            raise invalid("input 'text_input' is empty")
+
+        stream = bool(_bool_input(request, "stream"))
+        exclude = _bool_input(request, "exclude_input_in_output")
+        # The vLLM backend's rule: non-streamed output repeats the prompt unless excluded;
+        # streamed output never does.
+        prepend_input = (not exclude) if exclude is not None else not stream
+        if stream and prepend_input:
+            raise invalid("when streaming, 'exclude_input_in_output' = false is not allowed")
+
+        raw = dict(json.loads(request.parameters() or "{}"))
+        sampling_json = _string_input(request, "sampling_parameters")
+        if sampling_json is not None:
+            try:
+                from_input = json.loads(sampling_json.decode("utf-8")) if sampling_json.strip() else {}
+            except (UnicodeDecodeError, ValueError) as e:
+                raise invalid(f"input 'sampling_parameters' is not valid JSON: {e}") from None
+            if not isinstance(from_input, dict):
+                raise invalid("input 'sampling_parameters' must be a JSON object")
+            raw.update(from_input)  # the input tensor wins over request parameters
+        params, priority = parse_sampling(raw, sampling_cls, vocab_size, max_model_len)
+
+        triton_id = request.request_id() or "req"
+        return cls(
+            sender=request.get_response_sender(),
+            request_id=f"{triton_id}-{uuid.uuid4().hex[:12]}",
+            prompt=prompt, params=params, priority=priority, stream=stream,
+            prepend_input=prepend_input,
+            additional={k: bool(_bool_input(request, k)) for k in ADDITIONAL_OUTPUTS},
+        )
+
+    # ---- responses -----------------------------------------------------------------------
+    def create_response(self, out) -> "pb_utils.InferenceResponse":
+        """Response for engine output `out`: the new text when streaming, else all of it."""
+        if self.stream:
+            text = out.text[self.sent_text_len:]
+        else:
+            text = (self.prompt if self.prepend_input else "") + out.text
+        self.sent_text_len = len(out.text)
+        tensors = [pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_))]
+        if self.additional["return_finish_reason"]:
+            tensors.append(pb_utils.Tensor(
+                "finish_reason", np.array([str(out.finish_reason).encode("utf-8")], dtype=np.object_)))
+        if self.additional["return_num_input_tokens"]:
+            tensors.append(pb_utils.Tensor(
+                "num_input_tokens", np.array([out.num_prompt_tokens], dtype=np.uint32)))
+        if self.additional["return_num_output_tokens"]:
+            tensors.append(pb_utils.Tensor(
+                "num_output_tokens", np.array([out.num_output_tokens - self.sent_tokens], dtype=np.uint32)))
+        self.sent_tokens = out.num_output_tokens
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    def wants(self, out) -> bool:
+        """Whether `out` deserves a response: streaming sends every piece of new text."""
+        if out.finished:
+            return True
+        return self.stream and len(out.text) > self.sent_text_len
