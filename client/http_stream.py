@@ -38,8 +38,10 @@ def stream_http(prompt: str, url: str, model: str, sampling: dict, request_id: s
     if request_id:
         body["id"] = request_id
     base = url if url.startswith("http") else f"http://{url}"
+    # Connection: close -- a finished stream leaves no idle keep-alive connection behind, which
+    # would hold up a graceful server stop.
     resp = requests.post(f"{base}/v2/models/{model}/generate_stream", json=body, stream=True,
-                         timeout=timeout_s)
+                         timeout=timeout_s, headers={"Connection": "close"})
     try:
         if resp.status_code != 200:
             raise ServerError(_error_text(resp.text), resp.status_code)

@@ -1,0 +1,78 @@
+"""The model repository's configs: engine options map onto EngineArgs, the dummy MoE's config."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1] / "model_repository"
+CONFIGS = sorted(REPO.glob("*/config.pbtxt")) + sorted(REPO.glob("*/configs/*.pbtxt"))
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "smollm2" / "1" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def parameters(pbtxt: Path) -> dict:
+    """The `parameters` of a config.pbtxt in the shape Triton hands model.py."""
+    found = re.findall(r'\{\s*key:\s*"([^"]+)",\s*value:\s*\{\s*string_value:\s*"([^"]*)"\s*\}\s*\}',
+                       pbtxt.read_text())
+    return {k: {"string_value": v} for k, v in found}
+
+
+@pytest.mark.parametrize("pbtxt", CONFIGS, ids=[str(p.relative_to(REPO)) for p in CONFIGS])
+def test_config_is_decoupled_python_with_engine_parameters(pbtxt):
+    from backend.engine import EngineArgs
+
+    text = pbtxt.read_text()
+    model_dir = pbtxt.parent if pbtxt.parent.name != "configs" else pbtxt.parent.parent
+    assert f'name: "{model_dir.name}"' in text
+    assert 'backend: "python"' in text and "decoupled: true" in text
+    params = parameters(pbtxt)
+    for key in ("max_num_seqs", "max_num_batched_tokens", "max_queue_size", "scheduling_policy",
+                "kv_format", "kv_budget_bytes", "max_model_len", "model"):
+        assert key in params, f"{pbtxt}: no {key}"
+    args = _load("engine_config").engine_args_from_config({"parameters": params}, str(model_dir), EngineArgs)
+    assert isinstance(args.max_num_seqs, int) and isinstance(args.kv_budget_bytes, int)
+    assert isinstance(args.kv_options, dict)
+    if params["model"]["string_value"] != "default":
+        assert Path(args.model).exists()
+
+
+def test_unknown_or_ill_typed_parameters_fail_the_load():
+    from backend.engine import EngineArgs
+
+    ec = _load("engine_config")
+    with pytest.raises(ValueError, match="not an engine option"):
+        ec.engine_args_from_config({"parameters": {"max_num_sequences": {"string_value": "4"}}}, ".", EngineArgs)
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        ec.engine_args_from_config({"parameters": {"max_num_seqs": {"string_value": "four"}}}, ".", EngineArgs)
+    args = ec.engine_args_from_config({"parameters": {"max_model_len": {"string_value": "none"}}}, ".",
+                                      EngineArgs, {"device": "cuda:1"})
+    assert args.max_model_len is None and args.device == "cuda:1"
+
+
+def test_dummy_moe_is_a_scaled_down_qwen3_moe():
+    from backend.config import ModelConfig
+
+    path = REPO / "qwen3moe_dummy" / "hf_config" / "config.json"
+    raw = json.loads(path.read_text())
+    assert raw["model_type"] == "qwen3_moe"
+    cfg = ModelConfig.from_file(str(path))
+    assert cfg.is_moe and (cfg.num_experts, cfg.num_experts_per_tok) == (8, 2)
+    assert (cfg.num_layers, cfg.hidden_size, cfg.moe_intermediate_size) == (4, 256, 128)
+    assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (4, 2, 64)
+    assert cfg.vocab_size == 49152  # the SmolLM2 tokenizer's
+    assert cfg.moe_layers == (0, 1, 2, 3)
+
+
+def test_both_models_share_one_implementation():
+    dummy = REPO / "qwen3moe_dummy" / "1"
+    assert dummy.is_symlink() and dummy.resolve() == (REPO / "smollm2" / "1").resolve()

@@ -1,0 +1,370 @@
+"""End to end against a real tritonserver (the session `triton_server` fixture, tests/conftest.py).
+
+Streams over gRPC and HTTP, non-streamed vs streamed text, concurrency, cancellation, bad input,
+a full queue and the metrics on /metrics. Greedy decoding everywhere, so texts are comparable.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+
+from client import ServerError, complete, stream
+
+PROMPT = "Once upon a time, in a small village by the sea,"
+GREEDY = {"temperature": 0, "ignore_eos": True}
+CLOSE = {"Connection": "close"}  # no idle keep-alive connections to hold up the server's stop
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def scrape(server) -> dict[tuple[str, frozenset], float]:
+    """/metrics as {(name, labels): value}."""
+    out = {}
+    for line in requests.get(server.metrics_url, timeout=10, headers=CLOSE).text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r"^([^{\s]+)(?:\{(.*)\})?\s+(\S+)$", line)
+        if not m:
+            continue
+        labels = frozenset(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+        out[(m.group(1), labels)] = float(m.group(3))
+    return out
+
+
+def metric(samples, name: str, model: str, **labels) -> float:
+    want = {("model", model), *labels.items()}
+    for (n, ls), v in samples.items():
+        if n == name and want <= ls:
+            return v
+    raise KeyError(f"{name} {labels} for {model} not on /metrics")
+
+
+def wait_for(predicate, timeout=20.0, interval=0.25):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)
+
+
+def http_generate(server, body: dict, model: str | None = None, stream_: bool = False):
+    kind = "generate_stream" if stream_ else "generate"
+    return requests.post(f"http://{server.http_url}/v2/models/{model or server.model}/{kind}",
+                         json=body, timeout=300, headers=CLOSE)
+
+
+def assert_serves(server):
+    """The next request after an error succeeds."""
+    r = complete("Hello", url=server.grpc_url, model=server.model, max_tokens=2, **GREEDY)
+    assert r.num_output_tokens == 2 and r.finish_reason == "length"
+
+
+# ----------------------------------------------------------------------------------------------
+# completions
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reference(triton_server):
+    """Non-streamed greedy completion over HTTP /generate, the reference text."""
+    r = http_generate(triton_server, {"text_input": PROMPT, "exclude_input_in_output": True,
+                                      "return_finish_reason": True, "return_num_output_tokens": True,
+                                      "parameters": {"max_tokens": 24, **GREEDY}})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["finish_reason"] in ("length", ["length"])
+    return body["text_output"]
+
+
+def test_grpc_streamed_completion(triton_server, reference):
+    r = complete(PROMPT, url=triton_server.grpc_url, protocol="grpc", model=triton_server.model,
+                 max_tokens=24, **GREEDY)
+    assert len(r.pieces) > 1, "expected the text in several streamed pieces"
+    assert r.text == reference
+    assert (r.finish_reason, r.num_output_tokens) == ("length", 24)
+    assert r.num_input_tokens > 5
+    assert 0 < r.ttft_s < r.e2e_s
+
+
+def test_http_generate_stream_completion(triton_server, reference):
+    r = complete(PROMPT, url=triton_server.http_url, protocol="http", model=triton_server.model,
+                 max_tokens=24, **GREEDY)
+    assert len(r.pieces) > 1
+    assert r.text == reference
+    assert (r.finish_reason, r.num_output_tokens) == ("length", 24)
+
+
+def test_non_streamed_text_repeats_prompt_unless_excluded(triton_server, reference):
+    r = http_generate(triton_server, {"text_input": PROMPT, "max_tokens": 24, **GREEDY})
+    assert r.status_code == 200, r.text
+    assert r.json()["text_output"] == PROMPT + reference
+
+
+def test_vllm_style_sampling_parameters_input(triton_server, reference):
+    """The vLLM backend's clients send sampling_parameters as a JSON string of strings."""
+    sampling = json.dumps({"max_tokens": "24", "temperature": "0", "ignore_eos": "true"})
+    r = http_generate(triton_server, {"text_input": PROMPT, "stream": False,
+                                      "exclude_input_in_output": True, "sampling_parameters": sampling})
+    assert r.status_code == 200, r.text
+    assert r.json()["text_output"] == reference
+
+
+def test_raw_tritonclient_grpc_stream(triton_server, reference):
+    """tritonclient, the way the vLLM backend's samples use it: final flag exactly once."""
+    import queue
+
+    client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    inputs = []
+    for name, value, dtype in [("text_input", PROMPT.encode(), "BYTES"), ("stream", True, "BOOL"),
+                               ("sampling_parameters", json.dumps({"max_tokens": 24, **GREEDY}).encode(), "BYTES")]:
+        t = grpcclient.InferInput(name, [1], dtype)
+        t.set_data_from_numpy(np.array([value], dtype=bool if dtype == "BOOL" else np.object_))
+        inputs.append(t)
+    client.async_stream_infer(triton_server.model, inputs, request_id="raw-1", enable_empty_final_response=True)
+    pieces, finals = [], 0
+    while True:
+        result, error = results.get(timeout=120)
+        assert error is None, error
+        out = result.as_numpy("text_output")
+        if out is not None:
+            pieces.append(out[0].decode())
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            finals += 1
+            break
+    client.stop_stream()
+    # nothing arrives after the final response
+    time.sleep(0.5)
+    assert results.empty()
+    client.close()
+    assert finals == 1
+    assert "".join(pieces) == reference
+
+
+def test_eight_concurrent_streams_complete(triton_server):
+    results, errors = {}, []
+
+    def run(i):
+        try:
+            proto = "grpc" if i % 2 == 0 else "http"
+            url = triton_server.grpc_url if proto == "grpc" else triton_server.http_url
+            results[i] = complete(f"Story number {i}: {PROMPT}", url=url, protocol=proto,
+                                  model=triton_server.model, max_tokens=16, **GREEDY)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append((i, e))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not errors, errors
+    assert sorted(results) == list(range(8))
+    for r in results.values():
+        assert (r.finish_reason, r.num_output_tokens) == ("length", 16)
+        assert r.text
+
+
+def test_dummy_moe_model_serves(triton_server):
+    if "qwen3moe_dummy" not in triton_server.models:
+        pytest.skip("qwen3moe_dummy not loaded (ALRKVD_TEST_MODELS)")
+    r = complete("Route me through the experts", url=triton_server.grpc_url, model="qwen3moe_dummy",
+                 max_tokens=8, **GREEDY)
+    assert (r.finish_reason, r.num_output_tokens) == ("length", 8)
+
+
+# ----------------------------------------------------------------------------------------------
+# cancellation
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_cancelled_stream_frees_kv_blocks(triton_server, protocol):
+    model = triton_server.model
+    url = triton_server.grpc_url if protocol == "grpc" else triton_server.http_url
+    before = scrape(triton_server)
+    cancelled0 = metric(before, "alrkvd:request_success_total", model, finished_reason="cancelled")
+    gen = stream(PROMPT, url=url, protocol=protocol, model=model, max_tokens=1000, **GREEDY)
+    for i, _ in enumerate(gen):
+        if i == 3:
+            break
+    used_during = wait_for(lambda: metric(scrape(triton_server), "alrkvd:kv_cache_blocks_used", model) > 0,
+                           timeout=5)
+    gen.close()  # gRPC: stream cancel; HTTP: connection closed
+    assert used_during, "the running stream should hold KV blocks"
+
+    def freed():
+        s = scrape(triton_server)
+        return (metric(s, "alrkvd:kv_cache_blocks_used", model) == 0
+                and metric(s, "alrkvd:request_success_total", model, finished_reason="cancelled") == cancelled0 + 1)
+
+    assert wait_for(freed, timeout=20), "cancelled request did not free its KV blocks"
+    assert_serves(triton_server)
+
+
+# ----------------------------------------------------------------------------------------------
+# bad input
+# ----------------------------------------------------------------------------------------------
+
+BAD_PARAMETERS = [
+    ({"bogus": 1}, "bogus"),
+    ({"temperature": "hot"}, "temperature"),
+    ({"max_tokens": -3}, "max_tokens"),
+    ({"max_tokens": 10**9}, "max_tokens"),
+    ({"top_p": 0}, "top_p"),
+    ({"top_k": 10**7}, "top_k"),
+    ({"seed": -1}, "seed"),
+    ({"stop": [1, 2]}, "stop"),
+    ({"priority": "high"}, "priority"),
+]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("params,named", BAD_PARAMETERS, ids=[n for _, n in BAD_PARAMETERS])
+def test_bad_sampling_parameters_are_refused(triton_server, protocol, params, named):
+    url = triton_server.grpc_url if protocol == "grpc" else triton_server.http_url
+    with pytest.raises(ServerError) as e:
+        complete(PROMPT, url=url, protocol=protocol, model=triton_server.model, **params)
+    assert named in e.value.message
+    if protocol == "http":
+        assert e.value.status == 400
+
+
+BAD_BODIES = [
+    ({"text_input": "Hi", "sampling_parameters": "{not json"}, "sampling_parameters"),
+    ({"text_input": "Hi", "sampling_parameters": "[1, 2]"}, "sampling_parameters"),
+    ({"text_input": ""}, "text_input"),
+    ({"text_input": "Hi", "stream": True, "exclude_input_in_output": False}, "exclude_input_in_output"),
+    ({"text_input": "hello " * 2500, "max_tokens": 4}, "tokens"),
+]
+
+
+@pytest.mark.parametrize("body,named", BAD_BODIES, ids=["json", "not-object", "empty", "stream-prepend", "too-long"])
+def test_bad_requests_are_refused_with_400(triton_server, body, named):
+    r = http_generate(triton_server, body, stream_=True)
+    assert r.status_code == 400, r.text
+    assert named in r.text
+    assert_serves(triton_server)
+
+
+def test_invalid_utf8_prompt_is_refused(triton_server):
+    client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    errors = []
+    client.start_stream(callback=lambda result, error: errors.append(error))
+    t = grpcclient.InferInput("text_input", [1], "BYTES")
+    t.set_data_from_numpy(np.array([b"caf\xc3\x28 \xff"], dtype=np.object_))
+    client.async_stream_infer(triton_server.model, [t])
+    assert wait_for(lambda: errors, timeout=30)
+    client.stop_stream()
+    client.close()
+    assert errors[0] is not None and "UTF-8" in errors[0].message()
+    assert_serves(triton_server)
+
+
+def test_full_queue_is_unavailable_and_server_recovers(triton_server):
+    """More streams than running slots + queue: the surplus is refused, the rest still run."""
+    model = triton_server.model
+    config = requests.get(f"http://{triton_server.http_url}/v2/models/{model}/config", timeout=10,
+                          headers=CLOSE).json()
+    params = {k: v["string_value"] for k, v in config["parameters"].items()}
+    capacity = int(params["max_num_seqs"]) + int(params["max_queue_size"])
+    n = capacity + 8
+    started, refused = [], []
+    release = threading.Event()
+    lock = threading.Lock()
+
+    def run(i):
+        gen = stream(f"{i} {PROMPT}", url=triton_server.http_url, protocol="http", model=model,
+                     max_tokens=200, **GREEDY)
+        try:
+            next(gen)
+            with lock:
+                started.append(i)
+            release.wait(timeout=300)
+        except Exception as e:  # noqa: BLE001 - ServerError expected, anything else reported
+            with lock:
+                refused.append(e)
+        finally:
+            gen.close()  # cancels the request on the server
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    # the surplus is refused at once; the others start as slots free up
+    got_refusal = wait_for(lambda: len(refused) >= 1, timeout=120)
+    release.set()
+    for t in threads:
+        t.join(timeout=300)
+    assert got_refusal, "no request was refused"
+    assert len(started) + len(refused) == n
+    queue_full = [e for e in refused if isinstance(e, ServerError) and "queue is full" in e.message]
+    assert queue_full, refused
+    # Triton 2.51's HTTP generate endpoints answer every model error with 400; the error code the
+    # model sends is UNAVAILABLE (newer Triton maps it to 503).
+    assert all(e.status in (400, 503) for e in queue_full)
+    assert wait_for(lambda: metric(scrape(triton_server), "alrkvd:kv_cache_blocks_used", model) == 0, timeout=60)
+    s = scrape(triton_server)
+    assert metric(s, "alrkvd:request_failure_total", model, reason="queue_full") >= len(queue_full)
+    assert_serves(triton_server)
+
+
+# ----------------------------------------------------------------------------------------------
+# metrics
+# ----------------------------------------------------------------------------------------------
+
+
+def test_metrics_match_what_was_sent(triton_server):
+    model = triton_server.model
+    names = {
+        "prompt": ("alrkvd:prompt_tokens_total", {}),
+        "generated": ("alrkvd:generation_tokens_total", {}),
+        "ttft": ("alrkvd:time_to_first_token_seconds_count", {}),
+        "tpot": ("alrkvd:time_per_output_token_seconds_count", {}),
+        "e2e": ("alrkvd:e2e_request_latency_seconds_count", {}),
+        "e2e_sum": ("alrkvd:e2e_request_latency_seconds_sum", {}),
+        "length": ("alrkvd:request_success_total", {"finished_reason": "length"}),
+        "invalid": ("alrkvd:request_failure_total", {"reason": "invalid"}),
+    }
+
+    def read():
+        s = scrape(triton_server)
+        return {k: metric(s, n, model, **ls) for k, (n, ls) in names.items()}
+
+    before = read()
+    results = [complete(PROMPT, url=triton_server.grpc_url, model=model, max_tokens=n, **GREEDY)
+               for n in (5, 9)]
+    with pytest.raises(ServerError):
+        complete(PROMPT, url=triton_server.grpc_url, model=model, max_tokens=0)
+    expected = {
+        "prompt": sum(r.num_input_tokens for r in results),
+        "generated": 14,
+        "ttft": 2,
+        "tpot": (5 - 1) + (9 - 1),
+        "e2e": 2,
+        "length": 2,
+        "invalid": 1,
+    }
+    after = wait_for(lambda: (lambda a: a if all(a[k] - before[k] == v for k, v in expected.items()) else None)(read()),
+                     timeout=10) or read()
+    assert {k: after[k] - before[k] for k in expected} == expected
+    server_e2e = after["e2e_sum"] - before["e2e_sum"]
+    client_e2e = sum(r.e2e_s for r in results)
+    assert 0 < server_e2e <= client_e2e
+    s = scrape(triton_server)
+    assert metric(s, "alrkvd:kv_cache_blocks_total", model) > 0
+    assert metric(s, "alrkvd:kv_cache_compression_ratio", model) > 0
+    for gauge in ("alrkvd:num_requests_running", "alrkvd:num_requests_waiting", "alrkvd:kv_cache_usage_perc"):
+        assert metric(s, gauge, model) >= 0
