@@ -1,0 +1,214 @@
+"""Run a headless Locust load test against the Triton deployment, then write its report.
+
+    python -m loadtest.run --host http://localhost:8000 --users 4 --run-time 30s --shape fixed \
+        --tenants loadtest/tenants.yaml --out reports/smoke
+    python -m loadtest.run --shape steps --steps 1,2,4,8 --step-time 30s --out reports/sweep
+    python -m loadtest.run --shape poisson --rate 2 --users 16 --run-time 2m --out reports/poisson
+    python -m loadtest.run --report-only --out reports/smoke      # recompute the report from the raw files
+
+The test itself is the ordinary `locust` command line on loadtest/locustfile.py (printed before it
+starts; add any Locust option after `--`), so a run here and a hand-started or distributed run
+(`--processes N`, or `--master` + workers) behave the same. The report folder holds requests.jsonl
+(every request, the source of truth), run.json, summary.json, report.md, PNG plots, and Locust's own
+locust.html / locust_*.csv. Exit status: Locust's (1 when any request failed), 2 on a bad setup.
+
+`run_inprocess()` runs the same test through Locust's library API inside the calling process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlparse
+
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+DEFAULT_TENANTS = Path(__file__).with_name("tenants.yaml")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="python -m loadtest.run", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default=env("LOADTEST_HOST", "http://localhost:8000"),
+                   help="Triton HTTP base URL (env LOADTEST_HOST)")
+    p.add_argument("--grpc-url", default=env("LOADTEST_GRPC_URL", ""),
+                   help="Triton gRPC host:port (env LOADTEST_GRPC_URL; default: host name, port 8001)")
+    p.add_argument("--users", "-u", type=int, default=2, help="concurrency (fixed) or user pool (poisson)")
+    p.add_argument("--spawn-rate", "-r", type=float, default=0.0, help="users started per second (0: all at once)")
+    p.add_argument("--run-time", "-t", default="20s", help="duration of fixed/poisson runs, e.g. 30s, 2m")
+    p.add_argument("--shape", choices=["fixed", "steps", "poisson"], default="fixed")
+    p.add_argument("--steps", default="1,2,4", help="steps shape: users per step")
+    p.add_argument("--step-time", default="20s", help="steps shape: duration of each step")
+    p.add_argument("--rate", type=float, default=1.0, help="poisson shape: arrivals per second")
+    p.add_argument("--warmup", default="3s", help="requests sent this early are left out of the report")
+    p.add_argument("--tenants", default=env("LOADTEST_TENANTS", str(DEFAULT_TENANTS)), help="tenants YAML file")
+    p.add_argument("--protocol", choices=["", "grpc", "http"], default="", help="force every tenant's protocol")
+    p.add_argument("--model", default="", help="force every tenant's model")
+    p.add_argument("--seed", type=int, default=None, help="override the tenants file seed")
+    p.add_argument("--request-timeout", type=float, default=120.0)
+    p.add_argument("--stop-timeout", default="60s", help="at the end, in-flight requests get this long to finish")
+    p.add_argument("--processes", type=int, default=0, help="Locust worker processes on this machine (0: one process)")
+    p.add_argument("--server", choices=["auto", "never", "always"], default=env("LOADTEST_SERVER", "auto"),
+                   help="auto: start tritonserver (alrkvd-serve's launcher) on the --host/--grpc-url ports when "
+                        "nothing answers there; always: start one in any case; never: fail instead")
+    p.add_argument("--wait-ready", type=float, default=900.0, help="seconds to wait for the server to be ready")
+    p.add_argument("--out", default=env("LOADTEST_OUT", "reports/loadtest"), help="report folder (env LOADTEST_OUT)")
+    p.add_argument("--report-only", action="store_true", help="only rewrite the report from the folder's raw files")
+    p.add_argument("locust_args", nargs=argparse.REMAINDER, help="after --: passed to locust unchanged")
+    return p
+
+
+def locust_command(a: argparse.Namespace, out: Path) -> list[str]:
+    """The `locust` command line for these options."""
+    cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
+           "--host", a.host, "--users", str(a.users if a.shape != "steps" else max(int(s) for s in a.steps.split(","))),
+           "--run-time", a.run_time, "--stop-timeout", a.stop_timeout,
+           "--shape", a.shape, "--steps", a.steps, "--step-time", a.step_time, "--rate", str(a.rate),
+           "--warmup", a.warmup, "--tenants", a.tenants, "--request-timeout", str(a.request_timeout),
+           "--out-dir", str(out), "--html", str(out / "locust.html"), "--csv", str(out / "locust")]
+    if a.spawn_rate:
+        cmd += ["--spawn-rate", str(a.spawn_rate)]
+    if a.grpc_url:
+        cmd += ["--grpc-url", a.grpc_url]
+    if a.protocol:
+        cmd += ["--protocol", a.protocol]
+    if a.model:
+        cmd += ["--model", a.model]
+    if a.seed is not None:
+        cmd += ["--seed", str(a.seed)]
+    if a.processes:
+        cmd += ["--processes", str(a.processes)]
+    extra = list(a.locust_args)
+    if extra[:1] == ["--"]:
+        extra = extra[1:]
+    return cmd + extra
+
+
+def _http_url(host: str) -> str:
+    return (host if "://" in host else f"http://{host}").rstrip("/")
+
+
+def is_ready(host: str, models: list[str] = (), timeout: float = 2.0) -> bool:
+    urls = [f"{_http_url(host)}/v2/health/ready"] + [f"{_http_url(host)}/v2/models/{m}/ready" for m in models]
+    for url in urls:
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as r:
+                if r.status != 200:
+                    return False
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+    return True
+
+
+def start_server(host: str, grpc_url: str, models: list[str], timeout: float):
+    """Start tritonserver with the project's launcher (backend.serve) on the ports of `host` / `grpc_url`."""
+    from backend.serve import LaunchError, TritonLauncher
+
+    u = urlparse(_http_url(host))
+    if u.hostname not in ("localhost", "127.0.0.1", "0.0.0.0", "::1"):
+        raise SystemExit(f"no server at {host}, and one can only be started on this machine")
+    http_port = u.port or 8000
+    grpc_port = int(grpc_url.rsplit(":", 1)[1]) if grpc_url else 8001
+    launcher = TritonLauncher(models=models, host="127.0.0.1", http_port=http_port, grpc_port=grpc_port,
+                              metrics_port=http_port + 2 if http_port + 2 != grpc_port else http_port + 3)
+    print(f"starting tritonserver with {', '.join(models)} on HTTP {http_port}, gRPC {grpc_port} ...", flush=True)
+    launcher.start()
+    try:
+        launcher.wait_until_ready(timeout)
+    except LaunchError:
+        launcher.stop()
+        raise
+    return launcher
+
+
+def run_inprocess(locust_args: list[str]) -> int:
+    """Run the load test with Locust's library API in this process; returns 1 if any request failed.
+
+    `locust_args` are the locustfile's command line options (as for `locust -f loadtest/locustfile.py`,
+    without --headless / -f). Importing Locust monkey-patches this process for gevent: call it from
+    a process of its own (the tests start one).
+    """
+    import gevent
+    from locust import events
+    from locust.argument_parser import parse_options
+    from locust.env import Environment
+
+    from loadtest import locustfile
+
+    opts = parse_options(["-f", str(LOCUSTFILE), "--headless", *locust_args])
+    env = Environment(user_classes=locustfile.user_classes(locustfile.load_config(opts)), events=events,
+                      host=opts.host, parsed_options=opts, stop_timeout=opts.stop_timeout)
+    runner = env.create_local_runner()
+    events.init.fire(environment=env, runner=runner, web_ui=None)
+    try:
+        runner.start_shape()
+        runner.shape_greenlet.join()
+    finally:
+        runner.quit()
+        gevent.sleep(0)
+    # Locust's live statistics (after the warm-up reset), to compare with the exact report.
+    live = [{"type": e.method, "name": e.name, "num_requests": e.num_requests, "num_failures": e.num_failures,
+             "median_ms": e.median_response_time, "total_content_length": e.total_content_length}
+            for e in runner.stats.entries.values()]
+    Path(opts.out_dir, "locust_stats.json").write_text(json.dumps(live, indent=1) + "\n", encoding="utf-8")
+    return 1 if runner.stats.total.num_failures else 0
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    out = Path(a.out)
+    if a.report_only:
+        from loadtest.report import write_report
+
+        write_report(out)
+        print(f"report: {out / 'report.md'}")
+        return 0
+    if not Path(a.tenants).is_file():
+        print(f"tenants file {a.tenants} not found", file=sys.stderr)
+        return 2
+    from loadtest.tenants import load_tenants
+
+    models = sorted({t.model for t in load_tenants(a.tenants, model=a.model or None).tenants})
+    launcher = None
+    ready = a.server != "always" and is_ready(a.host, models)
+    if not ready and a.server == "never":
+        print(f"Triton at {a.host} is not ready with {models} (start it: make serve)", file=sys.stderr)
+        return 2
+    if not ready:
+        launcher = start_server(a.host, a.grpc_url, models, a.wait_ready)
+    try:
+        return _run(a, out)
+    finally:
+        if launcher is not None:
+            print("stopping tritonserver ...", flush=True)
+            launcher.stop()
+
+
+def _run(a: argparse.Namespace, out: Path) -> int:
+    from loadtest.report import write_report  # no gevent in this process: Locust runs in a child
+
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = locust_command(a, out)
+    print("+", shlex.join(cmd), flush=True)
+    rc = subprocess.call(cmd)
+    if not (out / "requests.jsonl").is_file():
+        print(f"locust exited with {rc} and recorded no requests", file=sys.stderr)
+        return rc or 2
+    s = write_report(out)
+    o = s["overall"]
+    print(f"\n{o['requests']} measured requests ({o['failed']} failed), TTFT p50 {o['ttft_ms']['p50'] or 0:.1f} ms, "
+          f"ITL p50 {o['itl_ms']['p50'] or 0:.1f} ms, TPOT p50 {o['tpot_ms']['p50'] or 0:.1f} ms, "
+          f"{o['output_throughput_tok_s'] or 0:.1f} output tok/s, goodput {100 * (o['goodput']['share'] or 0):.0f} %")
+    print(f"report: {out / 'report.md'} (summary.json, plots, requests.jsonl in {out})")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

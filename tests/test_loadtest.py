@@ -1,0 +1,442 @@
+"""Load-test suite, fast part: metric functions on hand-made timings, the SSE parser on hand-made
+streams, tenants, the raw file and the report. No server, and nothing here imports Locust (which
+would monkey-patch this pytest process for gevent) except through a child interpreter."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loadtest import metrics
+from loadtest.metrics import RequestRecord, derive, percentile, summarize
+from loadtest.records import JsonlWriter, read_records, write_run_meta
+from loadtest.report import PLOTS, build_summary, write_report
+from loadtest.sse import SSEParser, decode_triton_event
+from loadtest.tenants import Dist, load_tenants, parse_tenants
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def rec(piece_t, piece_tokens, t_end=None, tenant="chat", t_start=1000.0, **kw) -> RequestRecord:
+    return RequestRecord(tenant=tenant, protocol="grpc", model="m", request_id=f"r{random.random()}",
+                         t_start=t_start, piece_t=list(piece_t), piece_tokens=list(piece_tokens), t_end=t_end, **kw)
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-request metrics
+# ------------------------------------------------------------------------------------------------
+
+
+def test_derive_hand_made_timings():
+    m = derive(rec([0.5, 0.6, 0.8, 0.85], [1, 1, 2, 1], t_end=0.9))
+    assert m.ok and m.output_tokens == 5
+    assert m.ttft == pytest.approx(0.5)
+    assert m.itl == pytest.approx((0.1, 0.2, 0.05))  # one gap per piece, a 2-token piece is one gap
+    assert m.e2e == pytest.approx(0.9)
+    assert m.tpot == pytest.approx((0.9 - 0.5) / 4)
+    assert m.tokens_per_s_user == pytest.approx(10.0)
+
+
+def test_derive_ignores_empty_pieces_for_ttft_and_itl():
+    # A first piece without tokens (nothing decoded yet) and an empty final response.
+    m = derive(rec([0.2, 0.4, 0.7, 0.75], [0, 1, 1, 0], t_end=0.75))
+    assert m.ttft == pytest.approx(0.4)
+    assert m.itl == pytest.approx((0.3,))
+    assert m.e2e == pytest.approx(0.75)
+    assert m.tpot == pytest.approx(0.35)
+
+
+def test_derive_e2e_defaults_and_single_token():
+    m = derive(rec([0.3], [1]))
+    assert m.e2e == pytest.approx(0.3) and m.ttft == pytest.approx(0.3)
+    assert m.tpot is None and m.tokens_per_s_user is None and m.itl == ()
+
+
+def test_derive_failed_request():
+    m = derive(rec([0.3, 0.4], [1, 1], t_end=0.5, error_kind=metrics.STREAM_ERROR, error="boom"))
+    assert not m.ok and m.e2e is None and m.tpot is None
+    assert m.ttft == pytest.approx(0.3)  # what arrived is still known
+
+
+def test_derive_rejects_inconsistent_timings():
+    with pytest.raises(ValueError, match="monotonic"):
+        derive(rec([0.5, 0.4], [1, 1]))
+    with pytest.raises(ValueError, match="token counts"):
+        derive(rec([0.5, 0.6], [1]))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 10, 101, 1000])
+def test_percentile_matches_numpy_exactly(n):
+    rng = np.random.default_rng(n)
+    xs = rng.exponential(50.0, size=n).tolist()
+    for q in (0, 1, 50, 90, 95, 99, 99.9, 100):
+        assert percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)), rel=1e-12, abs=1e-12)
+
+
+def test_percentile_edges():
+    assert percentile([], 50) is None
+    assert percentile([7.0], 99) == 7.0
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_distribution_in_ms():
+    d = metrics.distribution([0.1, 0.2, 0.3, 0.4], 1000.0)
+    assert d["count"] == 4 and d["mean"] == pytest.approx(250.0)
+    assert d["p50"] == pytest.approx(250.0) and d["p99"] == pytest.approx(397.0)
+    assert d["min"] == pytest.approx(100.0) and d["max"] == pytest.approx(400.0)
+    assert metrics.distribution([])["p50"] is None
+
+
+def test_goodput_slos():
+    fast = derive(rec([0.1, 0.2, 0.3], [1, 1, 1], t_end=0.3))  # ttft 100 ms, tpot 100 ms
+    assert metrics.meets_slo(fast, {"ttft_ms": 100, "tpot_ms": 100})
+    assert not metrics.meets_slo(fast, {"ttft_ms": 99})
+    assert not metrics.meets_slo(fast, {"tpot_ms": 99})
+    assert not metrics.meets_slo(fast, {"e2e_ms": 299})
+    assert metrics.meets_slo(fast, None)
+    one = derive(rec([0.1], [1], t_end=0.1))
+    assert metrics.meets_slo(one, {"tpot_ms": 1})  # TPOT undefined: not judged
+    failed = derive(rec([], [], t_end=0.1, error_kind=metrics.CONNECT))
+    assert not metrics.meets_slo(failed, {})
+
+
+def test_summarize_tenant_mix_failures_and_throughput():
+    records = [
+        rec([0.1, 0.2, 0.3], [1, 1, 1], t_end=0.3, t_start=100.0),  # good
+        rec([0.5, 0.6, 0.7], [1, 1, 1], t_end=0.7, t_start=101.0),  # ttft too slow
+        rec([], [], t_end=0.01, t_start=102.0, error_kind=metrics.CONNECT, error="refused"),
+        rec([0.1], [1], t_end=5.0, t_start=102.0, error_kind=metrics.TIMEOUT, error="deadline"),
+        rec([0.2, 0.3], [2, 2], t_end=0.3, t_start=103.0, tenant="other", error_kind=metrics.TRUNCATED),
+    ]
+    s = summarize(records, {"chat": {"ttft_ms": 200}}, window=(100.0, 110.0))
+    assert s["requests"] == 5 and s["ok"] == 2 and s["failed"] == 3
+    assert s["failures"] == {"connect": 1, "http": 0, "stream_error": 0, "truncated": 1, "timeout": 1}
+    assert s["output_tokens"] == 6  # failed requests' tokens do not count
+    assert s["duration_s"] == pytest.approx(10.0)
+    assert s["output_throughput_tok_s"] == pytest.approx(0.6)
+    assert s["request_throughput_rps"] == pytest.approx(0.2)
+    assert s["goodput"]["good"] == 1 and s["goodput"]["share"] == pytest.approx(0.2)
+    assert s["ttft_ms"]["count"] == 2 and s["ttft_ms"]["p50"] == pytest.approx(300.0)
+    assert s["itl_ms"]["count"] == 4 and s["itl_ms"]["max"] == pytest.approx(100.0)
+    assert s["tpot_ms"]["p50"] == pytest.approx(100.0)
+    # Default window: first send .. last end.
+    assert metrics.measured_window(records) == pytest.approx((100.0, 107.0))
+
+
+def test_throughput_timeline_counts_every_token_once():
+    records = [rec([0.5, 1.5, 2.5], [1, 2, 1], t_start=10.0), rec([0.2, 0.3], [3, 0], t_start=11.0)]
+    xs, ys = metrics.throughput_timeline(records, t0=10.0, bin_s=1.0)
+    assert xs == [0.5, 1.5, 2.5] and ys == [1.0, 5.0, 1.0]
+    assert sum(ys) == 7
+
+
+# ------------------------------------------------------------------------------------------------
+# SSE parser
+# ------------------------------------------------------------------------------------------------
+
+STREAM = (b'data: {"text_output":" Hello","num_output_tokens":1,"finish_reason":"None"}\n\n'
+          b": keep-alive comment\n\n"
+          b'data: {"text_output":" wor\xc3\xa9ld","num_output_tokens":[2],"finish_reason":["length"],'
+          b'"num_input_tokens":7}\r\n\r\n'
+          b'event: note\nid: 3\ndata: {"a":\ndata: 1}\n\n')
+
+
+def _all_events(chunks):
+    p, out = SSEParser(), []
+    for i, c in enumerate(chunks):
+        out += [(e.data, e.event, e.id, e.t) for e in p.feed(c, float(i))]
+    return out, p
+
+
+def test_sse_parser_whole_stream():
+    events, p = _all_events([STREAM])
+    assert [e[0] for e in events] == ['{"text_output":" Hello","num_output_tokens":1,"finish_reason":"None"}',
+                                      '{"text_output":" wor\u00e9ld","num_output_tokens":[2],"finish_reason":["length"],'
+                                      '"num_input_tokens":7}',
+                                      '{"a":\n1}']
+    assert events[2][1:3] == ("note", "3")
+    assert not p.partial
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 64])
+def test_sse_parser_any_chunking_gives_the_same_events(size):
+    whole, _ = _all_events([STREAM])
+    parts = [STREAM[i:i + size] for i in range(0, len(STREAM), size)]
+    split, p = _all_events(parts)
+    assert [e[:3] for e in split] == [e[:3] for e in whole]
+    assert not p.partial
+
+
+def test_sse_parser_every_split_point_and_arrival_times():
+    whole, _ = _all_events([STREAM])
+    for cut in range(1, len(STREAM)):
+        split, _ = _all_events([STREAM[:cut], STREAM[cut:]])
+        assert [e[:3] for e in split] == [e[:3] for e in whole], cut
+        first_end = STREAM.index(b"\n\n") + 2
+        # an event is stamped with the arrival of the chunk that completed it
+        assert split[0][3] == (0.0 if cut >= first_end else 1.0)
+
+
+def test_sse_parser_crlf_split_and_cr_only_lines():
+    p = SSEParser()  # "data: a\r\n\r\n" cut inside both CRLFs
+    assert p.feed(b"data: a\r") == []
+    assert [e.data for e in p.feed(b"\n\r")] == ["a"]
+    assert p.feed(b"\n") == []  # the LF of the second CRLF is not another blank line
+    assert not p.partial
+    assert [e.data for e in SSEParser().feed(b"data: x\rdata: y\r\r")] == ["x\ny"]
+
+
+def test_sse_parser_truncated_stream_is_partial():
+    p = SSEParser()
+    assert [e.data for e in p.feed(b'data: {"text_output":"a"}\n\ndata: {"text_')] == ['{"text_output":"a"}']
+    assert p.partial
+    p = SSEParser()
+    p.feed(b'data: {"x":1}\n')  # a data line without the blank line that dispatches it
+    assert p.partial
+
+
+def test_decode_triton_events_and_errors():
+    (ev,) = SSEParser().feed(b'data: {"text_output":["ab"],"num_output_tokens":[3],"finish_reason":"stop",'
+                             b'"num_input_tokens":5}\n\n', 1.5)
+    te = decode_triton_event(ev)
+    assert (te.text, te.num_output_tokens, te.finish_reason, te.num_input_tokens, te.error, te.t) == \
+        ("ab", 3, "stop", 5, None, 1.5)
+    (err,) = SSEParser().feed(b'data: {"error":"engine failed mid-stream"}\n\n')
+    assert decode_triton_event(err).error == "engine failed mid-stream"
+    (bad,) = SSEParser().feed(b"data: not json\n\n")
+    with pytest.raises(ValueError, match="not JSON"):
+        decode_triton_event(bad)
+    (arr,) = SSEParser().feed(b"data: [1, 2]\n\n")
+    with pytest.raises(ValueError, match="object"):
+        decode_triton_event(arr)
+
+
+# ------------------------------------------------------------------------------------------------
+# Tenants
+# ------------------------------------------------------------------------------------------------
+
+
+def test_default_tenants_file():
+    cfg = load_tenants(REPO / "loadtest" / "tenants.yaml")
+    names = [t.name for t in cfg.tenants]
+    assert names == ["chat", "summarize"]
+    assert {t.protocol for t in cfg.tenants} == {"grpc", "http"}
+    assert all(t.model == "smollm2" and t.slo for t in cfg.tenants)
+
+
+def test_prompts_are_reproducible_from_the_seed():
+    cfg = load_tenants(REPO / "loadtest" / "tenants.yaml")
+    again = load_tenants(REPO / "loadtest" / "tenants.yaml")
+    other = load_tenants(REPO / "loadtest" / "tenants.yaml", seed=99)
+    chat, chat2, chat3 = cfg.tenants[0], again.tenants[0], other.tenants[0]
+    assert [chat.request(k) for k in range(20)] == [chat2.request(k) for k in range(20)]
+    assert chat.request(0) != chat3.request(0)
+    assert len({chat.request(k)[0] for k in range(20)}) == 20
+    for k in range(50):
+        text, max_tokens, words = cfg.tenants[1].request(k)
+        assert text.startswith("Summarize the following text.")
+        assert 120 <= words - 4 <= 240 and max_tokens == 24
+
+
+def test_tenant_file_prompts_overrides_and_distributions(tmp_path):
+    (tmp_path / "p.jsonl").write_text('{"prompt": "one"}\n{"text": "two"}\n"three"\n')
+    (tmp_path / "p.txt").write_text("alpha\n\nbeta\n")
+    doc = {
+        "seed": 5,
+        "defaults": {"model": "smollm2", "sampling": {"temperature": 0}},
+        "tenants": [
+            {"name": "a", "fixed_count": 2, "prompt": {"source": "file", "path": "p.jsonl"},
+             "max_tokens": {"dist": "uniform", "min": 4, "max": 8}, "think_time_s": [0.5, 1.0]},
+            {"name": "b", "weight": 3, "protocol": "http", "prompt": {"source": "file", "path": "p.txt", "prefix": "Q: "},
+             "max_tokens": {"dist": "choice", "values": [3, 9]}},
+            {"name": "c", "prompt": {"words": {"dist": "normal", "mean": 20, "std": 5, "min": 10, "max": 30}}},
+        ],
+    }
+    cfg = parse_tenants(doc, base_dir=tmp_path, protocol="http")
+    a, b, c = cfg.tenants
+    assert a.fixed_count == 2 and b.weight == 3 and all(t.protocol == "http" for t in cfg.tenants)
+    assert a.think_time_s == (0.5, 1.0)
+    assert sorted({a.request(k)[0] for k in range(12)}) == ["one", "three", "two"]
+    assert {b.request(k)[0] for k in range(12)} == {"Q: alpha", "Q: beta"}
+    assert {a.request(k)[1] for k in range(200)} == set(range(4, 9))
+    assert {b.request(k)[1] for k in range(50)} == {3, 9}
+    assert all(10 <= c.request(k)[2] <= 30 for k in range(100))
+    assert cfg.to_dict()["tenants"][0]["name"] == "a"
+
+
+@pytest.mark.parametrize("doc,match", [
+    ({"tenants": []}, "non-empty"),
+    ({"tenants": [{"name": "x"}]}, "no model"),
+    ({"tenants": [{"name": "x y", "model": "m"}]}, "identifier"),
+    ({"tenants": [{"name": "x", "model": "m"}, {"name": "x", "model": "m"}]}, "duplicate"),
+    ({"tenants": [{"name": "x", "model": "m", "colour": 1}]}, "unknown key"),
+    ({"tenants": [{"name": "x", "model": "m", "weight": 1, "fixed_count": 1}]}, "not both"),
+    ({"tenants": [{"name": "x", "model": "m", "protocol": "ws"}]}, "protocol"),
+    ({"tenants": [{"name": "x", "model": "m", "slo": {"ttft": 1}}]}, "slo"),
+    ({"tenants": [{"name": "x", "model": "m", "sampling": {"max_tokens": 3}}]}, "tenant level"),
+    ({"tenants": [{"name": "x", "model": "m", "max_tokens": {"dist": "zipf"}}]}, "unknown dist"),
+    ({"tenants": [{"name": "x", "model": "m", "prompt": {"source": "file"}}]}, "needs a path"),
+    ({"tenants": [{"name": "x", "model": "m"}], "extra": 1}, "top-level"),
+])
+def test_tenant_validation_names_the_problem(doc, match):
+    with pytest.raises(ValueError, match=match):
+        parse_tenants(doc)
+
+
+def test_dist_parse_and_sample():
+    rng = random.Random(0)
+    assert Dist.parse(7, "x").sample(rng) == 7
+    d = Dist.parse({"dist": "uniform", "min": 2, "max": 4}, "x")
+    assert {d.sample(rng) for _ in range(100)} == {2, 3, 4}
+    with pytest.raises(ValueError):
+        Dist.parse({"dist": "uniform", "min": 5, "max": 4}, "x")
+
+
+# ------------------------------------------------------------------------------------------------
+# Raw file and report
+# ------------------------------------------------------------------------------------------------
+
+
+def _fake_run(out: Path, shape="steps") -> list[RequestRecord]:
+    rng = random.Random(1)
+    records = []
+    started = 1_000.0
+    for i in range(60):
+        users = 1 if i < 20 else 2 if i < 40 else 4
+        tenant = "chat" if i % 3 else "summarize"
+        ttft = 0.05 * users + rng.random() * 0.02
+        gaps = [0.02 * users + rng.random() * 0.005 for _ in range(7)]
+        times = [ttft]
+        for g in gaps:
+            times.append(times[-1] + g)
+        t_start = started + (i // 20) * 10 + (i % 20) * 0.5
+        r = rec(times, [1] * 8, t_end=times[-1], tenant=tenant, t_start=t_start, users=users,
+                warmup=i < 2, sched_lag=0.001 * i if shape == "poisson" else None)
+        records.append(r)
+    records.append(rec([], [], t_end=0.01, tenant="chat", t_start=started + 25, users=2, error_kind="http",
+                       error="HTTP 400: bad"))
+    out.mkdir(parents=True, exist_ok=True)
+    w = JsonlWriter(out / "requests.jsonl")
+    w.write_many(r.to_dict() for r in records)
+    w.close()
+    plan = {"shape": shape, "users": 4, "run_time_s": 30.0, "rate": 2.0,
+            "stages": [{"start_s": 10.0 * i, "end_s": 10.0 * (i + 1), "users": u} for i, u in enumerate((1, 2, 4))]}
+    write_run_meta(out, {"started": started, "ended": started + 31, "warmup_s": 1.0, "plan": plan, "workers": 1,
+                         "host": "http://x:8000", "grpc_url": "x:8001", "seed": 1,
+                         "tenants": {"seed": 1, "path": "t.yaml", "tenants": [
+                             {"name": "chat", "slo": {"ttft_ms": 150}}, {"name": "summarize", "slo": {}}]}})
+    return records
+
+
+def test_jsonl_roundtrip(tmp_path):
+    records = _fake_run(tmp_path)
+    back = read_records(tmp_path / "requests.jsonl")
+    assert back == records
+
+
+def test_report_from_raw_files(tmp_path):
+    records = _fake_run(tmp_path)
+    summary = write_report(tmp_path)
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["overall"] == json.loads(json.dumps(summary["overall"]))
+    measured = [r for r in records if not r.warmup]
+    assert summary["run"]["warmup_excluded"] == 2 and summary["overall"]["requests"] == len(measured)
+    assert list(summary["tenants"]) == ["chat", "summarize"]
+    chat = [r for r in measured if r.tenant == "chat"]
+    exact = summarize(chat, {"chat": {"ttft_ms": 150}}, metrics.measured_window(measured))
+    assert summary["tenants"]["chat"]["ttft_ms"] == exact["ttft_ms"]
+    assert summary["tenants"]["chat"]["failures"]["http"] == 1
+    assert summary["tenants"]["chat"]["goodput"]["share"] < 1.0
+    for g in ("overall", "chat", "summarize"):
+        s = summary["overall"] if g == "overall" else summary["tenants"][g]
+        for key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+            assert all(s[key][f"p{p}"] is not None for p in (50, 90, 95, 99)), (g, key)
+    # ITL grows with concurrency in the fake data, and the report sees it per step.
+    levels = [c["users"] for c in summary["by_concurrency"]]
+    assert levels == [1, 2, 4]
+    p50s = [c["overall"]["itl_ms"]["p50"] for c in summary["by_concurrency"]]
+    assert p50s == sorted(p50s)
+    md = (tmp_path / "report.md").read_text()
+    assert "| chat |" in md and "## By concurrency" in md
+    for fname in PLOTS.values():
+        assert (tmp_path / fname).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", fname
+        assert f"({fname})" in md
+
+
+def test_report_poisson_arrivals_and_empty_run(tmp_path):
+    _fake_run(tmp_path / "p", shape="poisson")
+    s = build_summary(read_records(tmp_path / "p" / "requests.jsonl"), json.loads((tmp_path / "p" / "run.json").read_text()))
+    assert s["arrivals"]["target_rate_rps"] == 2.0
+    assert s["arrivals"]["schedule_lag_ms"]["max"] == pytest.approx(59.0)
+    (tmp_path / "empty").mkdir()
+    summary = write_report(tmp_path / "empty")  # no requests at all: still a report, no crash
+    assert summary["overall"]["requests"] == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Command line, shapes and Locust options (Locust only in a child interpreter)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_run_command_line():
+    from loadtest.run import build_parser, locust_command
+
+    a = build_parser().parse_args(["--host", "http://h:8000", "--shape", "poisson", "--rate", "2", "-u", "8",
+                                   "--out", "reports/x", "--", "--loglevel", "DEBUG"])
+    cmd = locust_command(a, Path("reports/x"))
+    assert cmd[1:5] == ["-m", "locust", "-f", str(REPO / "loadtest" / "locustfile.py")]
+    joined = " ".join(cmd)
+    for part in ("--headless", "--host http://h:8000", "--users 8", "--shape poisson", "--rate 2.0",
+                 "--out-dir reports/x", "--html reports/x/locust.html", "--loglevel DEBUG"):
+        assert part in joined, part
+    steps = locust_command(build_parser().parse_args(["--shape", "steps", "--steps", "1,3,2"]), Path("o"))
+    assert steps[steps.index("--users") + 1] == "3"
+
+
+SHAPES_CHECK = textwrap.dedent("""
+    import json
+    from locust.argument_parser import parse_options
+    from loadtest import locustfile, shapes
+
+    def ticks(shape, times):
+        out = []
+        for t in times:
+            shape.get_run_time = lambda t=t: t
+            out.append(shape.tick())
+        return out
+
+    o = parse_options(["-f", locustfile.__file__, "--shape", "steps", "--steps", "1,2,4", "--step-time", "10s"])
+    steps = ticks(shapes.shape_from_options(o), [0, 9.9, 10, 25, 30])
+    o = parse_options(["-f", locustfile.__file__, "-u", "3", "-t", "1m", "--shape", "fixed"])
+    fixed = shapes.shape_from_options(o)
+    o = parse_options(["-f", locustfile.__file__, "-u", "5", "-t", "20", "--shape", "poisson", "--rate", "0.5"])
+    poisson = shapes.shape_from_options(o)
+    classes = locustfile.user_classes(locustfile.load_config(o))
+    print(json.dumps({
+        "steps": steps, "fixed": ticks(fixed, [0, 59, 60]), "poisson": ticks(poisson, [0, 20]),
+        "poisson_plan": poisson.plan(), "duration": shapes.parse_duration("1m30s"),
+        "classes": [(c.__name__, c.protocol, c.weight, c.arrival_share) for c in classes],
+        "grpc": locustfile.default_grpc_url("http://example:8000"),
+    }))
+""")
+
+
+def test_shapes_and_locust_options_in_a_child_process():
+    out = subprocess.run([sys.executable, "-c", SHAPES_CHECK], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["steps"] == [[1, 4.0], [1, 4.0], [2, 4.0], [4, 4.0], None]
+    assert r["fixed"] == [[3, 3.0], [3, 3.0], None]
+    assert r["poisson"] == [[5, 5.0], None] and r["poisson_plan"]["rate"] == 0.5
+    assert r["duration"] == 90.0
+    assert r["classes"] == [["chat", "grpc", 1, 0.5], ["summarize", "http", 1, 0.5]]
+    assert r["grpc"] == "example:8001"
