@@ -1,0 +1,409 @@
+"""The engine: continuous batching over a paged KV cache, with streaming outputs.
+
+`LLMEngine` is synchronous: `add_request`, `step`, `abort`. Each step the scheduler picks
+decode tokens of running sequences first, then prefill chunks (long prompts are split over
+several steps), admitting waiting requests while the KV budget allows; when blocks run out
+mid-decode it preempts the newest running sequence (its KV is freed and recomputed later).
+`AsyncEngine` runs `LLMEngine` in its own thread and streams `RequestOutput`s to asyncio callers.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from backend.kv_cache import AttentionBatch, PagedKVCache, SeqKV
+from backend.loader import load_model
+from backend.sampling import SamplingParams, sample
+from backend.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at `max_queue_size`: retry later (HTTP 503 / UNAVAILABLE)."""
+
+
+@dataclass
+class EngineArgs:
+    model: str = "default"             # "default" (SmolLM2 GGUF), a .gguf file, or a HF folder
+    load_format: str = "auto"          # "auto" or "dummy" (random weights from config.json)
+    tokenizer: str | None = None       # defaults to the model source
+    device: str = "cpu"
+    dtype: str = "auto"                # float32 on CPU, bfloat16 on CUDA
+    kv_format: str = "fp16"
+    kv_options: dict = field(default_factory=dict)
+    kv_budget_bytes: int = 256 << 20
+    max_model_len: int | None = None   # defaults to the model's context length
+    max_num_seqs: int = 16             # running sequences
+    max_num_batched_tokens: int = 512  # tokens per step (decode + prefill chunks)
+    max_queue_size: int = 256          # waiting requests before QueueFullError
+    scheduling_policy: str = "fcfs"    # "fcfs" or "priority" (lower value first)
+    seed: int = 0
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    text_delta: str
+    text: str
+    token_ids: list[int]
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+
+
+class Sequence:
+    def __init__(self, request_id, prompt_ids, params, detok, priority, max_len):
+        self.request_id, self.prompt_ids, self.params, self.priority = request_id, prompt_ids, params, priority
+        self.output_ids: list[int] = []
+        self.kv = SeqKV()
+        self.detok = detok
+        self.text, self.sent = "", 0
+        self.arrival = time.monotonic()
+        self.max_len = max_len
+        self.finish_reason: str | None = None
+        self.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens whose KV is not cached yet (prompt chunks, the last sampled token, or all after preemption)."""
+        return len(self.prompt_ids) + len(self.output_ids) - self.kv.num_tokens
+
+
+class LLMEngine:
+    def __init__(self, args: EngineArgs):
+        if args.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', not {args.scheduling_policy!r}")
+        self.args = args
+        torch.manual_seed(args.seed)
+        self.model = load_model(args.model, args.load_format, args.device, args.dtype, args.seed)
+        self.cfg = self.model.cfg
+        self.tokenizer = Tokenizer.load(args.tokenizer or args.model)
+        self.max_model_len = args.max_model_len or self.cfg.max_position_embeddings
+        self.model.setup_rotary(self.max_model_len)
+        dtype = self.model.embed_tokens.weight.dtype
+        self.cache = PagedKVCache(self.cfg, self.model.rotary, args.kv_format, args.kv_options,
+                                  args.kv_budget_bytes, args.max_num_seqs, dtype, args.device)
+        self.stop_ids = set(self.tokenizer.stop_token_ids) | set(self.cfg.eos_token_id)
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.requests: dict[str, Sequence] = {}
+        self.ids = itertools.count()
+        self.num_preemptions = 0
+
+    # ---- requests -----------------------------------------------------------------------
+    def tokenize(self, prompt) -> list[int]:
+        if isinstance(prompt, list):  # chat messages
+            prompt = self.tokenizer.apply_chat_template(prompt)
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError("prompt must be a non-empty string or a list of chat messages")
+        return self.tokenizer.encode(prompt)
+
+    def add_request(self, prompt, params: SamplingParams, request_id: str | None = None,
+                    priority: int = 0, prompt_ids: list[int] | None = None) -> str:
+        request_id = request_id if request_id is not None else str(next(self.ids))
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already running")
+        ids = prompt_ids if prompt_ids is not None else self.tokenize(prompt)
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(ids)} tokens; this model allows at most {self.max_model_len - 1}")
+        blocks = -(-(len(ids) + 1) // self.cache.block_size)
+        if blocks > self.cache.allocator.num_blocks:
+            raise ValueError(f"prompt needs {blocks} KV blocks; the cache holds {self.cache.allocator.num_blocks}")
+        params.validate(self.cfg.vocab_size)
+        seq = Sequence(request_id, ids, params, IncrementalDetokenizer(self.tokenizer, ids), priority,
+                       self.max_model_len)
+        self.requests[request_id] = seq
+        self.waiting.append(seq)
+        return request_id
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        seq = self.requests.get(request_id)
+        if seq is None:
+            return None
+        seq.finish_reason = "cancelled"
+        return self._finish(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- scheduling ---------------------------------------------------------------------
+    def _order(self, seqs):
+        if self.args.scheduling_policy == "priority":
+            return sorted(seqs, key=lambda s: (s.priority, s.arrival))
+        return seqs
+
+    def _preempt(self, seq: Sequence):
+        """Free a running sequence's KV; it waits at the front and recomputes later."""
+        self.cache.free(seq.kv)
+        self.running.remove(seq)
+        self.waiting.insert(0, seq)
+        self.num_preemptions += 1
+
+    def schedule(self) -> list[tuple[Sequence, int]]:
+        budget = self.args.max_num_batched_tokens
+        scheduled: list[tuple[Sequence, int]] = []
+        self.running = self._order(self.running)
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq not in self.running:  # preempted below to make room for an earlier one
+                continue
+            n = min(seq.num_pending, budget)
+            while not self.cache.can_allocate(seq.kv, n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            if seq not in self.running:
+                continue
+            self.cache.allocate(seq.kv, n)
+            scheduled.append((seq, n))
+            budget -= n
+        self.waiting = self._order(self.waiting)
+        while self.waiting and budget > 0 and len(self.running) < self.args.max_num_seqs:
+            seq = self.waiting[0]
+            n = min(seq.num_pending, budget)
+            # admit only with a block to spare per running sequence, so decodes do not thrash
+            if not self.cache.can_allocate(seq.kv, n, reserve=len(self.running)):
+                break
+            self.waiting.pop(0)
+            self.cache.allocate(seq.kv, n)
+            self.running.append(seq)
+            scheduled.append((seq, n))
+            budget -= n
+        return scheduled
+
+    # ---- one step -----------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[RequestOutput]:
+        scheduled = self.schedule()
+        if not scheduled:
+            return []
+        device = self.args.device
+        tokens, positions, last = [], [], []
+        for seq, n in scheduled:
+            start = seq.kv.num_tokens
+            tokens += seq.all_ids[start:start + n]
+            positions += range(start, start + n)
+            last.append(len(tokens) - 1)
+        batch = AttentionBatch([s.kv for s, _ in scheduled], [n for _, n in scheduled])
+        hidden = self.model(torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
+                            self.cache, batch)
+        self.cache.commit(batch)
+        # sample for every sequence whose whole context is now cached (last prefill chunk or decode)
+        ready = [(seq, i) for (seq, _), i in zip(scheduled, last) if seq.num_pending == 0]
+        if not ready:
+            return []
+        logits = self.model.logits(hidden[[i for _, i in ready]])
+        new_ids = sample(logits, [s.params for s, _ in ready], [s.generator for s, _ in ready])
+        return [self._append(seq, tok) for (seq, _), tok in zip(ready, new_ids)]
+
+    def _append(self, seq: Sequence, token: int) -> RequestOutput:
+        seq.output_ids.append(token)
+        p = seq.params
+        if token in p.stop_token_ids or (token in self.stop_ids and not p.ignore_eos):
+            seq.finish_reason = "stop"
+        else:
+            seq.text += seq.detok.step(token)
+            for s in p.stop:
+                idx = seq.text.find(s, max(0, len(seq.text) - len(s) - 32))
+                if idx >= 0:
+                    seq.text = seq.text[:idx]
+                    seq.finish_reason = "stop"
+                    break
+        if seq.finish_reason is None and (len(seq.output_ids) >= p.max_tokens or len(seq.all_ids) >= seq.max_len):
+            seq.finish_reason = "length"
+        if seq.finish_reason is not None:
+            return self._finish(seq, [token])
+        return self._output(seq, [token])
+
+    def _output(self, seq: Sequence, new_ids: list[int]) -> RequestOutput:
+        # hold back text that could still turn into a stop string
+        hold = max((len(s) for s in seq.params.stop), default=1) - 1 if seq.finish_reason is None else 0
+        upto = max(seq.sent, len(seq.text) - hold)
+        delta, seq.sent = seq.text[seq.sent:upto], upto
+        return RequestOutput(seq.request_id, delta, seq.text[:upto], list(seq.output_ids), new_ids,
+                             seq.finish_reason is not None, seq.finish_reason,
+                             len(seq.prompt_ids), len(seq.output_ids))
+
+    def _finish(self, seq: Sequence, new_ids: list[int] = ()) -> RequestOutput:
+        self.cache.free(seq.kv)
+        for q in (self.running, self.waiting):
+            if seq in q:
+                q.remove(seq)
+        del self.requests[seq.request_id]
+        return self._output(seq, list(new_ids))
+
+    # ---- offline use ----------------------------------------------------------------------
+    def generate(self, prompts: list, params: SamplingParams) -> list[RequestOutput]:
+        ids = [self.add_request(p, SamplingParams(**vars(params))) for p in prompts]
+        final: dict[str, RequestOutput] = {}
+        while self.has_unfinished():
+            for out in self.step():
+                if out.finished:
+                    final[out.request_id] = out
+        return [final[i] for i in ids]
+
+    @torch.inference_mode()
+    def score(self, token_ids: list[int], chunk_size: int = 128, on_chunk=None) -> torch.Tensor:
+        """Teacher-forced logits [N, V] of a token sequence fed in chunks through the real cache:
+        each chunk attends to itself in full precision and to the cached (compressed) past.
+        `on_chunk(seq_kv)` runs after each chunk (memory accounting). Frees its blocks at the end."""
+        kv = SeqKV()
+        logits = []
+        try:
+            for start in range(0, len(token_ids), chunk_size):
+                chunk = token_ids[start:start + chunk_size]
+                self.cache.allocate(kv, len(chunk))
+                batch = AttentionBatch([kv], [len(chunk)])
+                dev = self.args.device
+                hidden = self.model(torch.tensor(chunk, device=dev),
+                                    torch.arange(start, start + len(chunk), device=dev), self.cache, batch)
+                self.cache.commit(batch)
+                logits.append(self.model.logits(hidden).cpu())
+                if on_chunk is not None:
+                    on_chunk(kv)
+        finally:
+            self.cache.free(kv)
+        return torch.cat(logits)
+
+    def stats(self) -> dict:
+        tokens = sum(s.kv.num_tokens for s in self.running)
+        cache = self.cache.stats()
+        used = cache["kv_bytes_used"]
+        nominal = self.cache.block_bytes / self.cache.block_size
+        return {
+            "running": len(self.running),
+            "waiting": len(self.waiting),
+            "num_preemptions": self.num_preemptions,
+            **cache,
+            "kv_tokens": tokens,
+            "kv_bytes_per_token": used / tokens if tokens else nominal,
+            "compression": cache["baseline_bytes_per_token"] / (used / tokens if tokens else nominal),
+        }
+
+
+class AsyncEngine:
+    """Runs an `LLMEngine` on its own thread; `generate` streams to any asyncio loop."""
+
+    def __init__(self, args: EngineArgs):
+        self.engine = LLMEngine(args)
+        self.args = args
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.wakeup = threading.Event()
+        self.streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self.lock = threading.Lock()
+        self.pending = 0  # requests in the inbox, not yet seen by the engine thread
+        self._stats = self.engine.stats()
+        self.stopped = False
+        self.thread = threading.Thread(target=self._run, name="alrkvd-engine", daemon=True)
+        self.thread.start()
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    async def generate(self, prompt, params: SamplingParams, request_id: str, priority: int = 0):
+        prompt_ids = self.engine.tokenize(prompt)  # ValueError before anything is queued
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        with self.lock:
+            if len(self.engine.waiting) + self.pending >= self.args.max_queue_size:
+                raise QueueFullError(f"request queue is full ({self.args.max_queue_size} waiting)")
+            if request_id in self.streams:
+                raise ValueError(f"request id {request_id!r} is already running")
+            self.streams[request_id] = (loop, q)
+            self.pending += 1
+        # validation errors of add_request come back through the stream, before any output
+        self.inbox.put(("add", (prompt, params, request_id, priority, prompt_ids)))
+        self.wakeup.set()
+        finished = False
+        try:
+            while True:
+                out = await q.get()
+                if isinstance(out, BaseException):
+                    finished = True
+                    raise out
+                finished = out.finished
+                yield out
+                if finished:
+                    return
+        finally:
+            if not finished:  # the consumer went away: free its KV now
+                self.abort(request_id)
+
+    def abort(self, request_id: str):
+        self.inbox.put(("abort", request_id))
+        self.wakeup.set()
+
+    def stats(self) -> dict:
+        return self._stats
+
+    def shutdown(self):
+        self.stopped = True
+        self.wakeup.set()
+        self.thread.join(timeout=30)
+
+    # ---- engine thread ------------------------------------------------------------------
+    def _send(self, request_id: str, item):
+        with self.lock:
+            target = self.streams.get(request_id)
+            if target is not None and (isinstance(item, BaseException) or item.finished):
+                del self.streams[request_id]
+        if target is not None:
+            loop, q = target
+            loop.call_soon_threadsafe(q.put_nowait, item)
+
+    def _drain_inbox(self):
+        while True:
+            try:
+                kind, payload = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                prompt, params, request_id, priority, prompt_ids = payload
+                with self.lock:
+                    self.pending -= 1
+                if request_id not in self.streams:  # aborted before it got here
+                    continue
+                try:
+                    self.engine.add_request(prompt, params, request_id, priority, prompt_ids)
+                except Exception as e:
+                    self._send(request_id, e)
+            else:
+                out = self.engine.abort(payload)
+                if out is not None:
+                    self._send(payload, out)
+
+    def _run(self):
+        while not self.stopped:
+            self._drain_inbox()
+            if not self.engine.has_unfinished():
+                self._stats = self.engine.stats()
+                self.wakeup.wait(timeout=0.5)
+                self.wakeup.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as e:  # fail the running requests, keep serving
+                for seq in list(self.engine.running) + list(self.engine.waiting):
+                    self.engine.abort(seq.request_id)
+                    self._send(seq.request_id, RuntimeError(f"engine step failed: {e!r}"))
+                continue
+            for out in outputs:
+                self._send(out.request_id, out)
+            self._stats = self.engine.stats()
+        for request_id in list(self.engine.requests):  # shutdown: end every stream
+            out = self.engine.abort(request_id)
+            self._send(request_id, out)

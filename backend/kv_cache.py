@@ -1,0 +1,195 @@
+"""Paged KV cache: a block allocator with a fixed byte budget, per-sequence block tables, a
+full-precision window for compressed formats, and the reference (PyTorch) attention path.
+
+Each sequence owns a list of block ids (`SeqKV.block_table`). For a windowed (compressed)
+format its newest, partial block lives in a full-precision window slot until it fills; then
+the format compresses it into the block. Attention reads the past of a sequence through
+`read` (decode + window), appends the step's new keys and values, and runs SDPA.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from backend.config import ModelConfig
+from backend.kv_formats import FORMATS
+
+
+@dataclass
+class SeqKV:
+    block_table: list[int] = field(default_factory=list)
+    num_tokens: int = 0          # tokens stored, the same in every layer
+    window_slot: int | None = None
+
+
+@dataclass
+class AttentionBatch:
+    """The sequences of one forward step, in the order of their tokens in the flat batch."""
+    seqs: list[SeqKV]
+    query_lens: list[int]
+
+
+class BlockAllocator:
+    def __init__(self, num_blocks: int):
+        self.num_blocks = num_blocks
+        self.free_ids = list(range(num_blocks - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_ids)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self.free_ids):
+            raise MemoryError(f"KV cache out of blocks: need {n}, have {len(self.free_ids)}")
+        return [self.free_ids.pop() for _ in range(n)]
+
+    def free(self, ids: list[int]):
+        self.free_ids.extend(reversed(ids))
+
+
+class PagedKVCache:
+    def __init__(self, cfg: ModelConfig, rotary, kv_format: str = "fp16", kv_options: dict | None = None,
+                 budget_bytes: int = 256 << 20, max_num_seqs: int = 16, dtype=torch.float32, device="cpu"):
+        if kv_format not in FORMATS:
+            raise ValueError(f"unknown kv format {kv_format!r}; choose from {sorted(FORMATS)}")
+        options = dict(kv_options or {})
+        fmt_cls = FORMATS[kv_format]
+        self.block_size = int(options.pop("block_size", fmt_cls.default_block_size))
+        self.cfg, self.rotary, self.dtype, self.device = cfg, rotary, dtype, device
+        shape = dict(num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=dtype)
+        # Bytes of one block, read off a format allocated on the meta device (no memory).
+        probe = fmt_cls(**shape, device="meta", num_blocks=1, block_size=self.block_size, **options)
+        self.block_bytes = sum(t.numel() * t.element_size() for t in probe.tensors())
+        self.windowed, self.rope_on_read = fmt_cls.windowed, fmt_cls.rope_on_read
+        num_slots = max_num_seqs if self.windowed else 0
+        window_shape = (cfg.num_layers, num_slots, self.block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.slot_bytes = 2 * cfg.num_layers * self.block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+        num_blocks = (budget_bytes - num_slots * self.slot_bytes) // self.block_bytes
+        if num_blocks < 1:
+            raise ValueError(f"KV budget of {budget_bytes} bytes holds no block ({self.block_bytes} B per block"
+                             f" + {num_slots} window slots of {self.slot_bytes} B)")
+        self.format = fmt_cls(**shape, device=device, num_blocks=num_blocks, block_size=self.block_size, **options)
+        self.window_k = torch.zeros(window_shape, dtype=dtype, device=device)
+        self.window_v = torch.zeros(window_shape, dtype=dtype, device=device)
+        self.allocator = BlockAllocator(num_blocks)
+        self.free_slots = list(range(num_slots - 1, -1, -1))
+        self.kv_format = kv_format
+
+    # ---- allocation -------------------------------------------------------------------
+    def blocks_needed(self, seq: SeqKV, num_new: int) -> int:
+        total = -(-(seq.num_tokens + num_new) // self.block_size)
+        return max(0, total - len(seq.block_table))
+
+    def can_allocate(self, seq: SeqKV, num_new: int, reserve: int = 0) -> bool:
+        if self.windowed and seq.window_slot is None and not self.free_slots:
+            return False
+        return self.blocks_needed(seq, num_new) + reserve <= self.allocator.num_free
+
+    def allocate(self, seq: SeqKV, num_new: int):
+        """Reserve room for `num_new` more tokens of `seq` (before the forward that writes them)."""
+        if self.windowed and seq.window_slot is None:
+            if not self.free_slots:
+                raise MemoryError("KV cache out of window slots")
+            seq.window_slot = self.free_slots.pop()
+        seq.block_table += self.allocator.allocate(self.blocks_needed(seq, num_new))
+
+    def free(self, seq: SeqKV):
+        self.allocator.free(seq.block_table)
+        if seq.window_slot is not None:
+            self.free_slots.append(seq.window_slot)
+        seq.block_table, seq.num_tokens, seq.window_slot = [], 0, None
+
+    def commit(self, batch: AttentionBatch):
+        """After a forward step: the step's tokens are now part of each sequence's cache."""
+        for seq, n in zip(batch.seqs, batch.query_lens):
+            seq.num_tokens += n
+
+    # ---- storage ----------------------------------------------------------------------
+    def read(self, layer: int, seq: SeqKV, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (rotated) and values of the first `length` cached tokens of `seq`: [P, Hkv, D]."""
+        P = seq.num_tokens if length is None else length
+        bs = self.block_size
+        if not self.windowed:
+            k, v = self.format.decode(layer, seq.block_table[:-(-P // bs)])
+            k, v = k[:P], v[:P]
+        else:
+            closed, in_window = divmod(P, bs)
+            k, v = self.format.decode(layer, seq.block_table[:closed])
+            if in_window:
+                k = torch.cat([k, self.window_k[layer, seq.window_slot, :in_window]])
+                v = torch.cat([v, self.window_v[layer, seq.window_slot, :in_window]])
+        if self.rope_on_read:
+            k = self.rotary.apply(k, torch.arange(P, device=k.device))
+        return k, v
+
+    def write(self, layer: int, seq: SeqKV, k: torch.Tensor, v: torch.Tensor):
+        """Append keys (in the format's convention: rotated or not) and values after the cached tokens."""
+        bs, start, n = self.block_size, seq.num_tokens, k.shape[0]
+        if not self.windowed:
+            pos = torch.arange(start, start + n)
+            table = torch.tensor(seq.block_table, dtype=torch.long)
+            self.format.write(layer, table[pos // bs].to(k.device), (pos % bs).to(k.device), k, v)
+            return
+        done = 0
+        while done < n:
+            pos = start + done
+            off = pos % bs
+            m = min(n - done, bs - off)
+            self.window_k[layer, seq.window_slot, off:off + m] = k[done:done + m]
+            self.window_v[layer, seq.window_slot, off:off + m] = v[done:done + m]
+            if off + m == bs:  # the block is full: compress it
+                self.format.encode(layer, seq.block_table[pos // bs],
+                                   self.window_k[layer, seq.window_slot], self.window_v[layer, seq.window_slot])
+            done += m
+
+    # ---- attention (reference path: CPU, and prefill on GPU) ----------------------------
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               batch: AttentionBatch) -> torch.Tensor:
+        """q [T, Hq, D] (rotated), k/v [T, Hkv, D] (k not rotated). Returns [T, Hq, D]."""
+        out = torch.empty_like(q)
+        start = 0
+        for seq, n in zip(batch.seqs, batch.query_lens):
+            P = seq.num_tokens
+            positions = torch.arange(P, P + n, device=q.device)
+            k_new, v_new = k[start:start + n], v[start:start + n]
+            k_rot = self.rotary.apply(k_new, positions)
+            k_past, v_past = self.read(layer, seq)
+            keys = torch.cat([k_past, k_rot]).transpose(0, 1)      # [Hkv, P+n, D]
+            values = torch.cat([v_past, v_new]).transpose(0, 1)
+            mask = None
+            if n > 1:  # query i sees the past and new tokens up to itself
+                mask = torch.ones(n, P + n, dtype=torch.bool, device=q.device).tril(diagonal=P)
+            o = F.scaled_dot_product_attention(q[start:start + n].transpose(0, 1), keys, values,
+                                               attn_mask=mask, enable_gqa=True)
+            out[start:start + n] = o.transpose(0, 1)
+            self.write(layer, seq, k_new if self.rope_on_read else k_rot, v_new)
+            start += n
+        return out
+
+    # ---- accounting -------------------------------------------------------------------
+    def allocated_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.format.tensors()) + \
+            self.window_k.numel() * self.window_k.element_size() * 2
+
+    def used_bytes(self) -> int:
+        used_blocks = self.allocator.num_blocks - self.allocator.num_free
+        used_slots = (self.window_k.shape[1] - len(self.free_slots)) if self.windowed else 0
+        return used_blocks * self.block_bytes + used_slots * self.slot_bytes
+
+    def baseline_bytes_per_token(self) -> int:
+        """What a 16-bit cache stores per token: the serving baseline for compression ratios."""
+        return 2 * self.cfg.num_layers * self.cfg.num_kv_heads * self.cfg.head_dim * 2
+
+    def stats(self) -> dict:
+        return {
+            "kv_format": self.kv_format,
+            "kv_blocks_total": self.allocator.num_blocks,
+            "kv_blocks_used": self.allocator.num_blocks - self.allocator.num_free,
+            "kv_bytes_used": self.used_bytes(),
+            "kv_bytes_allocated": self.allocated_bytes(),
+            "kv_block_bytes": self.block_bytes,
+            "kv_block_size": self.block_size,
+            "baseline_bytes_per_token": self.baseline_bytes_per_token(),
+        }

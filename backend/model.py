@@ -1,0 +1,218 @@
+"""One transformer for every supported family: Llama (dense), Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE.
+
+Tokens of all sequences in a step are flattened into one dimension T (continuous batching);
+attention goes through the paged KV cache, which knows each sequence's context.
+Parameter names follow the Hugging Face checkpoints so that loading is a plain state_dict.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from backend.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies with the config's scaling (default, linear, llama3)."""
+    dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = cfg.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    elif kind == "llama3":
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_len / wavelen - low) / (high - low)
+        scaled = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+        inv_freq = torch.where(wavelen > old_len / low, inv_freq / factor,
+                               torch.where(wavelen < old_len / high, inv_freq, scaled))
+    elif kind is not None:
+        raise ValueError(f"unsupported rope scaling {kind!r}")
+    return inv_freq.float()
+
+
+class Rotary:
+    """Precomputed cos/sin tables; `apply` rotates [T, H, D] by each token's position (HF's half-split layout)."""
+
+    def __init__(self, cfg: ModelConfig, max_len: int, device):
+        inv_freq = rope_inv_freq(cfg)
+        t = torch.arange(max_len, dtype=torch.float32)
+        freqs = torch.outer(t, inv_freq)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.cos = emb.cos().to(device)
+        self.sin = emb.sin().to(device)
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # [T, 1, D]
+        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm == "head":
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        elif cfg.qk_norm == "full":
+            self.q_norm = RMSNorm(cfg.num_heads * cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.num_kv_heads * cfg.head_dim, cfg.rms_norm_eps)
+
+    def forward(self, x, positions, rotary: Rotary, kv_cache, batch) -> torch.Tensor:
+        T = x.shape[0]
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(T, self.num_heads, self.head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = rotary.apply(q, positions)
+        # Keys go to the cache unrotated: the cache format decides when RoPE is applied.
+        out = kv_cache.attend(self.layer_id, q, k, v, batch)  # [T, Hq, D]
+        return self.o_proj(out.reshape(T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MoE(nn.Module):
+    """Top-k routed experts (+ optional gated shared expert, Qwen2-MoE).
+
+    Expert weights are stacked [E, ...] so that compute groups tokens by expert: sort the
+    (token, expert) pairs by expert, run each expert on its contiguous slice, scatter back.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        E, H, I = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.top_k, self.norm_topk_prob = cfg.num_experts_per_tok, cfg.norm_topk_prob
+        self.gate = nn.Linear(H, E, bias=False)
+        self.w_gate = nn.Parameter(torch.empty(E, I, H))
+        self.w_up = nn.Parameter(torch.empty(E, I, H))
+        self.w_down = nn.Parameter(torch.empty(E, H, I))
+        self.shared_expert = None
+        if cfg.shared_expert_intermediate_size:
+            self.shared_expert = MLP(H, cfg.shared_expert_intermediate_size)
+            self.shared_expert_gate = nn.Linear(H, 1, bias=False)
+        self.experts = None  # an ExpertCache (backend/experts.py) replaces the stacked weights when streaming
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return weights.to(x.dtype), ids
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.route(x)
+        if self.experts is not None:
+            out = self.experts.run(x, weights, ids)
+        else:
+            out = grouped_experts(x, weights, ids, self.gate.out_features,
+                                  lambda e: (self.w_gate[e], self.w_up[e], self.w_down[e]))
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+
+def grouped_experts(x, weights, ids, num_experts: int, expert_weights):
+    """Sort (token, expert) pairs by expert and run each expert once on its contiguous tokens.
+
+    x [T, H], weights/ids [T, k]; `expert_weights(e)` returns expert e's (gate, up, down).
+    """
+    k = ids.shape[1]
+    flat_ids = ids.reshape(-1)
+    order = torch.argsort(flat_ids, stable=True)
+    token_of = order // k
+    counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
+    xs = x[token_of]
+    ys = torch.empty_like(xs)
+    start = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        g, u, d = expert_weights(e)
+        xe = xs[start:start + n]
+        ys[start:start + n] = (F.silu(xe @ g.T) * (xe @ u.T)) @ d.T
+        start += n
+    ys = ys * weights.reshape(-1)[order].unsqueeze(-1)
+    out = torch.zeros_like(x)
+    out.index_add_(0, token_of, ys)
+    return out
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int):
+        super().__init__()
+        self.self_attn = Attention(cfg, layer_id)
+        self.mlp = MoE(cfg) if layer_id in cfg.moe_layers else MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, positions, rotary, kv_cache, batch):
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv_cache, batch)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rotary: Rotary | None = None
+
+    def setup_rotary(self, max_len: int):
+        self.rotary = Rotary(self.cfg, max_len, self.embed_tokens.weight.device)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, kv_cache, batch) -> torch.Tensor:
+        """tokens, positions: [T]. Returns final hidden states [T, hidden]."""
+        x = self.embed_tokens(tokens)
+        for layer in self.layers:
+            x = layer(x, positions, self.rotary, kv_cache, batch)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()

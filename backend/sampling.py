@@ -1,0 +1,88 @@
+"""Sampling parameters (validated at the door) and the per-step sampler."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import torch
+
+MAX_STOP_STRINGS = 16
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0   # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0             # 0 or -1: no top-k
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    @classmethod
+    def from_dict(cls, d: dict, vocab_size: int | None = None) -> "SamplingParams":
+        """Build from JSON-like input; ValueError names the offending key and value."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown sampling parameter(s) {unknown}; allowed: {sorted(names)}")
+        p = cls(**{k: v for k, v in d.items()})
+        p.validate(vocab_size)
+        return p
+
+    def validate(self, vocab_size: int | None = None):
+        def bad(key, why):
+            raise ValueError(f"sampling parameter {key!r}={getattr(self, key)!r}: {why}")
+
+        def is_int(x):
+            return isinstance(x, int) and not isinstance(x, bool)
+
+        def is_num(x):
+            return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+        if not is_int(self.max_tokens) or not 1 <= self.max_tokens <= 1 << 20:
+            bad("max_tokens", "must be an integer >= 1")
+        if not is_num(self.temperature) or not 0 <= self.temperature <= 100:
+            bad("temperature", "must be a number in [0, 100]")
+        if not is_num(self.top_p) or not 0 < self.top_p <= 1:
+            bad("top_p", "must be a number in (0, 1]")
+        if not is_int(self.top_k) or self.top_k < -1 or (vocab_size and self.top_k > vocab_size):
+            bad("top_k", f"must be an integer in [-1, {vocab_size or 'vocab size'}]")
+        if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed < 1 << 63):
+            bad("seed", "must be a non-negative integer")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if (not isinstance(self.stop, list) or len(self.stop) > MAX_STOP_STRINGS
+                or not all(isinstance(s, str) and s for s in self.stop)):
+            bad("stop", f"must be a non-empty string or a list of at most {MAX_STOP_STRINGS} non-empty strings")
+        if not isinstance(self.stop_token_ids, list) or not all(
+                is_int(t) and 0 <= t < (vocab_size or 1 << 31) for t in self.stop_token_ids):
+            bad("stop_token_ids", "must be a list of token ids within the vocabulary")
+        if not isinstance(self.ignore_eos, bool):
+            bad("ignore_eos", "must be a boolean")
+        self.temperature, self.top_p = float(self.temperature), float(self.top_p)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
+    """One token per row of logits [B, V]; greedy rows take the argmax."""
+    out = []
+    for row, p, gen in zip(logits, params, generators):
+        if p.greedy:
+            out.append(int(row.argmax()))
+            continue
+        row = row.float() / p.temperature
+        if p.top_k > 0:
+            kth = torch.topk(row, min(p.top_k, row.numel())).values[-1]
+            row = row.masked_fill(row < kth, float("-inf"))
+        probs = torch.softmax(row, -1)
+        if p.top_p < 1:
+            sorted_probs, idx = probs.sort(descending=True)
+            # keep the smallest prefix whose mass reaches top_p (always at least one token)
+            drop = sorted_probs.cumsum(-1) - sorted_probs >= p.top_p
+            probs = probs.scatter(0, idx, sorted_probs.masked_fill(drop, 0))
+        out.append(int(torch.multinomial(probs, 1, generator=gen)))
+    return out

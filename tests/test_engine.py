@@ -1,0 +1,130 @@
+"""The engine against transformers (the reference implementation) and its serving behaviour."""
+import os
+
+import pytest
+import torch
+import transformers
+
+from backend.engine import EngineArgs, LLMEngine
+from backend.loader import default_model_path
+from backend.sampling import SamplingParams
+
+# float32 everywhere on CPU: our kernels and transformers' differ only in summation order.
+ATOL_FP32 = 2e-3
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    return LLMEngine(EngineArgs(model="default", kv_format="auto", max_num_seqs=16))
+
+
+@pytest.fixture(scope="module")
+def hf_smollm():
+    path = default_model_path()
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+
+
+PROMPTS = [
+    "The capital of France is",
+    "In 1905, Albert Einstein published four papers that",
+    "def fibonacci(n):\n    ",
+    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+]
+
+
+def test_smollm_logits_match_transformers(smollm, hf_smollm):
+    ids = smollm.tokenizer.encode(" ".join(PROMPTS) * 3)
+    ours = smollm.score(ids, chunk_size=37)  # chunked prefill: odd chunk crosses block borders
+    with torch.no_grad():
+        ref = hf_smollm(torch.tensor([ids])).logits[0].float()
+    assert ours.shape == ref.shape
+    torch.testing.assert_close(ours, ref, atol=ATOL_FP32, rtol=1e-3)
+    assert smollm.cache.allocator.num_free == smollm.cache.allocator.num_blocks
+
+
+def test_smollm_greedy_equals_transformers_generate(smollm, hf_smollm):
+    outs = smollm.generate(PROMPTS, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))
+    for prompt, out in zip(PROMPTS, outs):
+        ids = smollm.tokenizer.encode(prompt)
+        with torch.no_grad():
+            ref = hf_smollm.generate(torch.tensor([ids]), max_new_tokens=24, min_new_tokens=24, do_sample=False)
+        assert out.token_ids == ref[0, len(ids):].tolist(), prompt
+
+
+def test_chat_answer(smollm):
+    out = smollm.generate([[{"role": "user", "content": "What is the capital of France?"}]],
+                          SamplingParams(max_tokens=20, temperature=0))[0]
+    assert out.text == "The capital of France is Paris."
+    assert out.finish_reason == "stop"
+
+
+def test_batch_invariance(smollm):
+    """A request's greedy output is the same alone and among 8 others of different lengths."""
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    alone = smollm.generate([PROMPTS[1]], params)[0].token_ids
+    others = [PROMPTS[i % 4] * (1 + i % 3) for i in range(8)]
+    together = smollm.generate(others[:4] + [PROMPTS[1]] + others[4:], params)[4].token_ids
+    assert together == alone
+
+
+def test_stop_strings_and_stop_ids(smollm):
+    free = smollm.generate([PROMPTS[0]], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
+    word = free.text.split()[1]
+    out = smollm.generate([PROMPTS[0]], SamplingParams(max_tokens=12, temperature=0, stop=[word]))[0]
+    assert out.finish_reason == "stop" and word not in out.text and free.text.startswith(out.text)
+    out = smollm.generate([PROMPTS[0]], SamplingParams(max_tokens=12, temperature=0,
+                                                       stop_token_ids=[free.token_ids[2]]))[0]
+    assert out.finish_reason == "stop" and out.token_ids == free.token_ids[:3]
+
+
+def test_seeded_sampling_is_reproducible(smollm):
+    p = SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, top_k=50, seed=1234)
+    a = smollm.generate([PROMPTS[3]], p)[0].token_ids
+    b = smollm.generate([PROMPTS[3], PROMPTS[0]], p)[0].token_ids
+    assert a == b
+
+
+def test_streamed_deltas_join_to_text(smollm):
+    rid = smollm.add_request(PROMPTS[3] + " 日本語で🙂", SamplingParams(max_tokens=40, temperature=0.9, seed=7))
+    pieces, final = [], None
+    while smollm.has_unfinished():
+        for out in smollm.step():
+            pieces.append(out.text_delta)
+            final = out
+    assert "".join(pieces) == final.text
+    assert final.num_output_tokens == len(final.token_ids) == 40
+
+
+def test_abort_frees_blocks(smollm):
+    cache = smollm.cache
+    rid = smollm.add_request(PROMPTS[2] * 10, SamplingParams(max_tokens=100, temperature=0))
+    for _ in range(3):
+        smollm.step()
+    assert cache.allocator.num_free < cache.allocator.num_blocks
+    out = smollm.abort(rid)
+    assert out.finished and out.finish_reason == "cancelled"
+    assert cache.allocator.num_free == cache.allocator.num_blocks
+    assert not smollm.has_unfinished()
+
+
+def test_preemption_recomputes_and_frees():
+    """A cache too small for all sequences: the engine preempts, the outputs do not change."""
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    roomy = LLMEngine(EngineArgs(kv_format="auto"))
+    expected = [o.token_ids for o in roomy.generate(PROMPTS, params)]
+    block_bytes = roomy.cache.block_bytes
+    tight = LLMEngine(EngineArgs(kv_format="auto", kv_budget_bytes=12 * block_bytes))  # 12 blocks of 16 tokens
+    got = [o.token_ids for o in tight.generate(PROMPTS, params)]
+    assert tight.num_preemptions > 0
+    assert got == expected
+    assert tight.cache.allocator.num_free == tight.cache.allocator.num_blocks
+
+
+def test_bad_requests(smollm):
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams.from_dict({"temperature": -1})
+    with pytest.raises(ValueError, match="unknown"):
+        SamplingParams.from_dict({"max_token": 3})
+    with pytest.raises(ValueError, match="at most"):
+        smollm.add_request("hi " * 9000, SamplingParams())
