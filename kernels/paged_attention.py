@@ -47,6 +47,7 @@ def _paged_decode_stage1(
     Q, K_cache, V_cache, Block_tables, Seq_lens, Mid_o, Mid_lse,
     # Scalars
     qk_scale,  # softmax scale * log2(e)
+    num_splits,  # programs per (sequence, kv head): grid axis 2
     # Strides
     stride_qb, stride_qh,
     stride_kn, stride_kt, stride_kh,  # k_cache: block, token in block, kv head (head_dim contiguous)
@@ -61,10 +62,9 @@ def _paged_decode_stage1(
     BLOCK_D: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,  # tokens per tile
-    NUM_SPLITS: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # the cache dtype (see `dot_dtype`)
 ):
-    """Grid (B, num_kv_heads, NUM_SPLITS). Writes mid_o[b, heads, s] = softmax-normalised partial
+    """Grid (B, num_kv_heads, num_splits). Writes mid_o[b, heads, s] = softmax-normalised partial
     output and mid_lse[b, heads, s] = its log2-sum-exp2 (-inf for an empty split)."""
     pid_b = tl.program_id(0).to(tl.int64)
     pid_kvh = tl.program_id(1)
@@ -72,7 +72,7 @@ def _paged_decode_stage1(
 
     # -- this split's tokens: whole tiles, the last split takes what is left
     seq_len = tl.load(Seq_lens + pid_b)
-    tiles_per_split = tl.cdiv(tl.cdiv(seq_len, BLOCK_N), NUM_SPLITS)
+    tiles_per_split = tl.cdiv(tl.cdiv(seq_len, BLOCK_N), num_splits)
     start = pid_s * tiles_per_split * BLOCK_N
     end = tl.minimum(start + tiles_per_split * BLOCK_N, seq_len)
 
@@ -133,13 +133,14 @@ def _paged_decode_stage1(
 def _decode_reduce_stage2(
     # Pointers to tensors
     Mid_o, Mid_lse, Out,
+    # Sizes
+    num_partials,
     # Strides
     stride_mob, stride_moh, stride_mos,
     stride_mlb, stride_mlh,
     stride_ob, stride_oh,
     # Meta-parameters
-    NUM_PARTIALS: tl.constexpr,
-    BLOCK_P: tl.constexpr,  # NUM_PARTIALS padded to a power of two
+    BLOCK_P: tl.constexpr,  # num_partials padded to a power of two
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -151,14 +152,14 @@ def _decode_reduce_stage2(
     mask_d = offs_d < HEAD_DIM
 
     lse_row = Mid_lse + pid_b * stride_mlb + pid_h * stride_mlh
-    lse = tl.load(lse_row + offs_p, mask=offs_p < NUM_PARTIALS, other=float("-inf"))
+    lse = tl.load(lse_row + offs_p, mask=offs_p < num_partials, other=float("-inf"))
     m = tl.max(lse, 0)
     m = tl.where(m == float("-inf"), 0.0, m)  # nothing cached at all: output zeros, not NaN
 
     o_row = Mid_o + pid_b * stride_mob + pid_h * stride_moh
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     denom = 0.0
-    for p in range(NUM_PARTIALS):
+    for p in range(num_partials):
         w = tl.exp2(tl.load(lse_row + p) - m)
         acc += w * tl.load(o_row + p * stride_mos + offs_d, mask=mask_d, other=0.0)
         denom += w
@@ -207,7 +208,7 @@ def _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o
     grid = (batch, num_kv_heads, num_splits)
     _paged_decode_stage1[grid](
         q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse,
-        scale * LOG2E,
+        scale * LOG2E, num_splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -216,7 +217,7 @@ def _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o
         mid_lse.stride(0), mid_lse.stride(1),
         GROUP=group, BLOCK_G=_group_block(group), HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim), PAGE_SIZE=page_size, BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, DOT_DTYPE=dot_dtype(k_cache.dtype, q.device), **cfg,
+        DOT_DTYPE=dot_dtype(k_cache.dtype, q.device), **cfg,
     )
 
 
@@ -229,10 +230,11 @@ def decode_reduce(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor)
     assert mid_o.stride(-1) == 1 and mid_lse.stride(-1) == 1
     _decode_reduce_stage2[(batch, num_q_heads)](
         mid_o, mid_lse, out,
+        num_partials,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
-        NUM_PARTIALS=num_partials, BLOCK_P=triton.next_power_of_2(num_partials),
+        BLOCK_P=triton.next_power_of_2(num_partials),
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
         num_warps=1 if head_dim <= 128 else 2,
     )

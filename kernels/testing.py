@@ -53,3 +53,47 @@ def make_block_tables(seq_lens: list[int], block_size: int, num_blocks: int,
         table[b, :n] = perm[used:used + n].int()
         used += n
     return table
+
+
+def build_alrkvd_case(k_blocks, v_blocks, window_k, window_v, num_heads_q: int, generator: torch.Generator,
+                      rope_theta: float = 10000.0, num_slots: int | None = None, **options):
+    """A one-layer ALR-KVD cache (backend.kv_formats) holding given sequences, and the kernel's inputs.
+
+    k_blocks/v_blocks: per sequence a list of closed blocks `[T, H, D]` (keys before RoPE);
+    window_k/window_v: per sequence its window rows `[n < T, H, D]`. Blocks are placed at random
+    block ids, windows at shuffled slots. Returns a dict with `fmt` and the kwargs of
+    `alrkvd_decode_attention` except `q` and `scale`."""
+    from backend.kv_formats import make_format
+    from kernels.alrkvd_attention import AlrkvdLayer
+
+    T = options.pop("block_size")
+    H, D = window_k[0].shape[-2:]
+    dtype = window_k[0].dtype
+    batch = len(k_blocks)
+    num_blocks = sum(len(s) for s in k_blocks) + 2
+    fmt = make_format("alrkvd", 1, H, D, dtype, "cpu", num_blocks=num_blocks, block_size=T, **options)
+    perm = torch.randperm(num_blocks, generator=generator).tolist()
+    seq_lens, tables = [], []
+    for ks, vs, wk in zip(k_blocks, v_blocks, window_k):
+        ids = [perm.pop() for _ in ks]
+        for bid, k, v in zip(ids, ks, vs):
+            fmt.encode(0, bid, k, v)
+        tables.append(ids)
+        seq_lens.append(len(ks) * T + wk.shape[0])
+    width = max(1, max(len(t) for t in tables) + 1)
+    block_tables = torch.zeros(batch, width, dtype=torch.int32)
+    for b, ids in enumerate(tables):
+        block_tables[b, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
+    num_slots = num_slots or batch + 1
+    slots = torch.randperm(num_slots, generator=generator)[:batch].int()
+    wk_all = torch.zeros(num_slots, T, H, D, dtype=dtype)
+    wv_all = torch.zeros_like(wk_all)
+    for b, (wk, wv) in enumerate(zip(window_k, window_v)):
+        wk_all[slots[b], : wk.shape[0]] = wk
+        wv_all[slots[b], : wv.shape[0]] = wv
+    inv_freq = 1.0 / (rope_theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    return {
+        "fmt": fmt, "cache": AlrkvdLayer.from_format(fmt, 0), "window_k": wk_all, "window_v": wv_all,
+        "block_tables": block_tables, "seq_lens": torch.tensor(seq_lens, dtype=torch.int32),
+        "window_slots": slots, "inv_freq": inv_freq.float(),
+    }

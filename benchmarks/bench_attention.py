@@ -1,0 +1,347 @@
+"""Decode attention on the GPU: our Triton kernels against FP16 SDPA (flash), timed in one run.
+
+For each batch B and context L (32 query / 8 kv heads, head_dim 128, one query token):
+  sdpa        torch.nn.functional.scaled_dot_product_attention, flash backend, fp16, enable_gqa=True,
+              contiguous K/V [B, 8, L, 128] (the baseline)
+  paged-fp16  kernels.paged_attention over the same keys/values in the paged fp16 cache (block 16)
+  alrkvd-*    kernels.alrkvd_attention over a synthetic ALR-KVD cache (block 128, 2-bit gauss
+              residual, group 64, 8-bit latents/basis): per-head ranks 16, 32, 64, a mixed allocation,
+              and rank 32 without the residual rotation (the layout change proposed in kernels/README.md)
+Each row gives the time, the bytes the method must read (K/V, or every byte of the compressed blocks),
+the bandwidth achieved and its fraction of the device-to-device copy bandwidth measured in this run.
+
+Timing: CUDA graphs of several calls over distinct copies of the data (enough copies to exceed the L2
+cache, so reads come from HBM), replayed and timed with CUDA events; no CPU launch cost is counted
+(the engine replays decode steps as graphs too). A failing row is printed and skipped.
+
+    python benchmarks/bench_attention.py --out reports/bench_attention.json        # H200, ~2-4 min
+    TRITON_INTERPRET=1 python benchmarks/bench_attention.py --smoke               # CPU, tiny shapes (CI)
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from kernels.testing import use_interpreter_without_gpu  # noqa: E402
+
+DEVICE = use_interpreter_without_gpu()  # before the kernel modules: Triton decides at @jit time
+
+import triton  # noqa: E402
+
+from kernels.alrkvd_attention import AlrkvdLayer, alrkvd_decode_attention, alrkvd_decode_attention_ref  # noqa: E402
+from kernels.paged_attention import paged_decode_attention  # noqa: E402
+
+NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
+FP16_BLOCK, ALRKVD_BLOCK = 16, 128
+# per-stream ranks of the 8 kv heads: keys, values
+VARIANTS = {
+    "alrkvd-r16": ([16] * 8, [16] * 8, True),
+    "alrkvd-r32": ([32] * 8, [32] * 8, True),
+    "alrkvd-r64": ([64] * 8, [64] * 8, True),
+    "alrkvd-mixed": ([8, 16, 24, 32, 32, 40, 48, 56], [56, 48, 40, 32, 32, 24, 16, 8], True),
+    "alrkvd-r32-norot": ([32] * 8, [32] * 8, False),
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# Timing
+# ------------------------------------------------------------------------------------------------
+def copy_bandwidth(device) -> float:
+    """Device-to-device copy, bytes read + written per second."""
+    n = 1 << (30 if device == "cuda" else 24)
+    src = torch.empty(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    sec = time_calls([lambda: dst.copy_(src)], device)
+    del src, dst
+    return 2 * n / sec
+
+
+def time_calls(calls, device, min_total_s: float = 0.2) -> float:
+    """Seconds per call, averaged over `calls` (each over its own data), from CUDA-graph replays."""
+    if device != "cuda":
+        t = time.perf_counter()
+        for c in calls:
+            c()
+        return (time.perf_counter() - t) / len(calls)
+    for c in calls:  # compile and warm up outside the capture
+        c()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for c in calls:
+            c()
+        stream.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            for c in calls:
+                c()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    once = start.elapsed_time(end) / 1e3
+    reps = max(3, min(200, int(min_total_s / max(once, 1e-6))))
+    samples = []
+    for _ in range(5):
+        start.record()
+        for _ in range(reps):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / 1e3 / reps)
+    return sorted(samples)[len(samples) // 2] / len(calls)
+
+
+def num_copies(bytes_per_call: int, device) -> int:
+    """Distinct data copies so that one graph's reads exceed twice the L2 cache (cold reads)."""
+    if device != "cuda":
+        return 1
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
+    return max(1, min(16, math.ceil(2 * l2 / max(bytes_per_call, 1))))
+
+
+# ------------------------------------------------------------------------------------------------
+# Data
+# ------------------------------------------------------------------------------------------------
+def hadamard(d: int, device) -> torch.Tensor:
+    h = torch.ones(1, 1)
+    while h.shape[0] < d:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return (h / math.sqrt(d)).to(torch.float16).to(device)
+
+
+def make_alrkvd(batch, length, num_kv_heads, head_dim, block, ranks_k, ranks_v, rotate, device, gen,
+                k_bits=2, v_bits=2, group=64):
+    """A synthetic ALR-KVD layer (random codes; speed does not depend on values) holding `batch`
+    sequences of `length` tokens in closed blocks. Returns (kwargs of the kernel, bytes read)."""
+    assert length % block == 0
+    H, D, T = num_kv_heads, head_dim, block
+    nb = batch * length // T
+    ranks = torch.tensor(ranks_k[:H] + ranks_v[:H], dtype=torch.int16)
+    R = int(ranks.sum())
+
+    def rnd(shape, lo, hi, dtype):
+        return torch.randint(lo, hi, shape, generator=gen, dtype=torch.int16).to(dtype).to(device)
+
+    layer = AlrkvdLayer(
+        ranks=ranks.repeat(nb, 1).to(device),
+        basis=rnd((nb, R, D), -127, 128, torch.int8),
+        basis_scale=torch.full((nb, R), 1 / (127 * math.sqrt(D) / 4), dtype=torch.float16, device=device),
+        latent=rnd((nb, T, R), 0, 256, torch.uint8),
+        latent_scale=torch.full((nb, R), 2 / 255, dtype=torch.float16, device=device),
+        latent_zero=torch.full((nb, R), -1.0, dtype=torch.float16, device=device),
+        k_resid=rnd((nb, T, H, D * k_bits // 8), 0, 256, torch.uint8),
+        k_rscale=torch.full((nb, T, H, D // group), 0.1, dtype=torch.float16, device=device),
+        v_resid=rnd((nb, T, H, D * v_bits // 8), 0, 256, torch.uint8),
+        v_rscale=torch.full((nb, T, H, D // group), 0.1, dtype=torch.float16, device=device),
+        k_rzero=None, v_rzero=None,
+        k_levels=torch.linspace(-1.5, 1.5, 1 << k_bits, device=device),
+        v_levels=torch.linspace(-1.5, 1.5, 1 << v_bits, device=device),
+        rot_t=hadamard(D, device) if rotate else None,
+        k_bits=k_bits, v_bits=v_bits, group=group, rank_max=max(max(ranks_k[:H]), max(ranks_v[:H])),
+    )
+    per_block = sum(t[0].numel() * t.element_size() for t in (
+        layer.ranks, layer.basis, layer.basis_scale, layer.latent, layer.latent_scale, layer.latent_zero,
+        layer.k_resid, layer.k_rscale, layer.v_resid, layer.v_rscale))
+    perm = torch.randperm(nb, generator=gen).int()
+    block_tables = torch.cat([perm.view(batch, -1), torch.zeros(batch, 1, dtype=torch.int32)], 1)
+    window = torch.zeros(batch + 1, T, H, D, dtype=torch.float16, device=device)
+    kwargs = dict(cache=layer, window_k=window, window_v=window.clone(), block_tables=block_tables.to(device),
+                  seq_lens=torch.full((batch,), length, dtype=torch.int32, device=device),
+                  window_slots=torch.arange(batch, dtype=torch.int32, device=device),
+                  inv_freq=(1.0 / 1e6 ** (torch.arange(0, D, 2, dtype=torch.float64) / D)).float().to(device))
+    return kwargs, nb * per_block
+
+
+def make_paged_fp16(k, v, block, gen):
+    """The paged fp16 cache [num_blocks, block, H, D] holding SDPA's k, v [B, H, L, D] at random blocks."""
+    batch, heads, length, dim = k.shape
+    nb = batch * length // block
+    perm = torch.randperm(nb, generator=gen).to(k.device)
+    caches = []
+    for x in (k, v):
+        paged = torch.empty(nb, block, heads, dim, dtype=x.dtype, device=x.device)
+        paged[perm] = x.transpose(1, 2).reshape(nb, block, heads, dim)
+        caches.append(paged)
+    return caches[0], caches[1], perm.int().view(batch, -1).contiguous()
+
+
+# ------------------------------------------------------------------------------------------------
+# Runs
+# ------------------------------------------------------------------------------------------------
+def sdpa_call(q, k, v):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backends = [SDPBackend.FLASH_ATTENTION] if q.is_cuda else [SDPBackend.MATH]
+
+    def call():
+        with sdpa_kernel(backends):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    return call
+
+
+def bench_config(batch, length, variants, args, device, copy_bw, gen):
+    rows = []
+    Hq, Hkv, D = args.num_q_heads, args.num_kv_heads, args.head_dim
+    scale = D ** -0.5
+    kv_bytes = 2 * batch * Hkv * length * D * 2
+
+    def record(method, sec, nbytes, **extra):
+        row = dict(B=batch, L=length, method=method, us=sec * 1e6, bytes=nbytes, GBps=nbytes / sec / 1e9,
+                   frac_copy=nbytes / sec / copy_bw, **extra)
+        rows.append(row)
+        print_row(row, rows[0] if rows[0]["method"] == "sdpa" else None)
+
+    def failed(method, exc):
+        rows.append(dict(B=batch, L=length, method=method, error=f"{type(exc).__name__}: {exc}"))
+        print(f"{batch:>3} {length:>7} {method:<18} FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        if args.verbose:
+            traceback.print_exc()
+
+    # -- fp16 contiguous (SDPA) and the same data paged (our fp16 kernel)
+    n = num_copies(kv_bytes, device)
+    sdpa_out = None
+    try:
+        data = []
+        for _ in range(n):
+            q = torch.randn(batch, Hq, 1, D, generator=None, device=device, dtype=torch.float16)
+            k = torch.randn(batch, Hkv, length, D, device=device, dtype=torch.float16)
+            v = torch.randn(batch, Hkv, length, D, device=device, dtype=torch.float16)
+            data.append((q, k, v))
+        sdpa_out = sdpa_call(*data[0])()
+        record("sdpa", time_calls([sdpa_call(*d) for d in data], device), kv_bytes)
+    except Exception as exc:  # noqa: BLE001 - one failed row must not end the table
+        failed("sdpa", exc)
+        data = []
+    try:
+        if not data:
+            raise RuntimeError("no fp16 data (sdpa setup failed)")
+        paged = []
+        for q, k, v in data:
+            kc, vc, bt = make_paged_fp16(k, v, FP16_BLOCK, gen)
+            paged.append((q[:, :, 0], kc, vc, bt, torch.full((batch,), length, dtype=torch.int32, device=device)))
+        del data
+        out = paged_decode_attention(*paged[0], scale)
+        err = (out.float() - sdpa_out[:, :, 0].float()).abs().max().item() if sdpa_out is not None else float("nan")
+        calls = [lambda p=p: paged_decode_attention(*p, scale) for p in paged]
+        record("paged-fp16", time_calls(calls, device), kv_bytes + batch * length // FP16_BLOCK * 4,
+               max_err_vs_sdpa=err)
+        del paged, calls
+    except Exception as exc:  # noqa: BLE001
+        failed("paged-fp16", exc)
+    data = paged = None
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+    # -- ALR-KVD
+    for name in variants:
+        ranks_k, ranks_v, rotate = VARIANTS[name]
+        try:
+            q = torch.randn(batch, Hq, D, device=device, dtype=torch.float16)
+            first, nbytes = make_alrkvd(batch, length, Hkv, D, args.block, ranks_k, ranks_v, rotate, device, gen)
+            layers = [first] + [make_alrkvd(batch, length, Hkv, D, args.block, ranks_k, ranks_v, rotate, device,
+                                            gen)[0] for _ in range(num_copies(nbytes, device) - 1)]
+            extra = {}
+            if args.check and batch * length <= args.check_tokens:
+                out = alrkvd_decode_attention(q, scale=scale, **first).float()
+                ref = alrkvd_decode_attention_ref(q, scale=scale, **first).float()
+                ref16 = alrkvd_decode_attention_ref(q, scale=scale, kv_dtype=torch.float16, **first).float()
+                err, e16 = (out - ref).abs().max().item(), (ref16 - ref).abs().max().item()
+                extra = dict(max_err_vs_ref=err, fp16_rounding_err=e16,
+                             check_ok=err <= 2 * e16 + 2e-3 * max(1.0, ref.abs().max().item()))
+            calls = [lambda kw=kw: alrkvd_decode_attention(q, scale=scale, **kw) for kw in layers]
+            record(name, time_calls(calls, device), nbytes, **extra)
+            del layers, calls, first
+        except Exception as exc:  # noqa: BLE001
+            failed(name, exc)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def print_header():
+    print(f"{'B':>3} {'L':>7} {'method':<18} {'time us':>10} {'MB read':>10} {'GB/s':>8} {'%copy':>6} "
+          f"{'vs sdpa':>8}  check", flush=True)
+
+
+def print_row(row, sdpa_row):
+    speed = f"{sdpa_row['us'] / row['us']:.2f}x" if sdpa_row else "-"
+    check = ""
+    if "max_err_vs_sdpa" in row:
+        check = f"err vs sdpa {row['max_err_vs_sdpa']:.2e}"
+    if "check_ok" in row:
+        check = f"{'ok' if row['check_ok'] else 'MISMATCH'} err {row['max_err_vs_ref']:.2e} (fp16 {row['fp16_rounding_err']:.2e})"
+    print(f"{row['B']:>3} {row['L']:>7} {row['method']:<18} {row['us']:>10.1f} {row['bytes'] / 1e6:>10.1f} "
+          f"{row['GBps']:>8.0f} {100 * row['frac_copy']:>5.0f}% {speed:>8}  {check}", flush=True)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", help="write the results as JSON to this path")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes (CPU under TRITON_INTERPRET=1 in CI)")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--lengths", type=int, nargs="+", default=[4096, 32768, 131072])
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--no-check", dest="check", action="store_false",
+                   help="skip the ALR-KVD check against the PyTorch reference on the small configs")
+    p.add_argument("--check-tokens", type=int, default=8192, help="check configs with B*L up to this")
+    p.add_argument("--verbose", action="store_true")
+    args = p.parse_args(argv)
+    args.num_q_heads, args.num_kv_heads, args.head_dim, args.block = NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, ALRKVD_BLOCK
+    if args.smoke:
+        args.batches, args.lengths = [1, 2], [160]
+        args.num_q_heads, args.num_kv_heads, args.head_dim, args.block = 8, 2, 64, 32
+        args.variants = ["alrkvd-mixed", "alrkvd-r32-norot"]
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = DEVICE
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name() if device == "cuda" else f"cpu ({platform.processor() or platform.machine()}, TRITON_INTERPRET=1)",
+        "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
+        "cuda": torch.version.cuda, "num_q_heads": args.num_q_heads, "num_kv_heads": args.num_kv_heads,
+        "head_dim": args.head_dim, "fp16_block": FP16_BLOCK, "alrkvd_block": args.block,
+        "interpreter": os.environ.get("TRITON_INTERPRET") == "1",
+    }
+    print(" ".join(f"{k}={v}" for k, v in meta.items()), flush=True)
+    gen = torch.Generator().manual_seed(0)
+    t0 = time.perf_counter()
+    copy_bw = copy_bandwidth(device)
+    meta["copy_GBps"] = copy_bw / 1e9
+    print(f"device-to-device copy: {copy_bw / 1e9:.0f} GB/s (read + write)", flush=True)
+    print_header()
+    rows = []
+    for batch in args.batches:
+        for length in args.lengths:
+            rows += bench_config(batch, length, args.variants, args, device, copy_bw, gen)
+    meta["wall_s"] = time.perf_counter() - t0
+    print(f"done in {meta['wall_s']:.0f} s", flush=True)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    failed = [r for r in rows if "error" in r or r.get("check_ok") is False]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

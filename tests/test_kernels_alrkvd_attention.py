@@ -1,0 +1,133 @@
+"""kernels/alrkvd_attention.py against its PyTorch reference (CPU: TRITON_INTERPRET=1, small shapes).
+
+Data: blocks are compressed by backend.kv_formats.ALRKVDFormat itself (random data with outliers,
+and real SmolLM2-135M keys and values, kernels/testdata/smollm2_kv.pt).
+
+Tolerance. The kernel rebuilds keys and values in fp32 and feeds tl.dot fp16 operands (the rotated
+keys, the softmax weights, the latent and residual tiles), as FlashAttention does with an fp16
+cache; the reference is fp32 throughout. The error that rounding the rebuilt keys and values to
+fp16 alone causes, e16 = max|ref(kv fp16) - ref|, sets the budget:
+    max|out - ref| <= 2 e16 + 2e-3 max(1, max|ref|)
+(the second term: fp16 output rounding and fp32 summation order).
+"""
+from kernels.testing import build_alrkvd_case, random_kv, use_interpreter_without_gpu
+
+DEVICE = use_interpreter_without_gpu()
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kernels.alrkvd_attention import (  # noqa: E402
+    alrkvd_decode_attention, alrkvd_decode_attention_ref, alrkvd_decode_blocks_ref,
+)
+
+SMOLLM2_KV = Path(__file__).resolve().parents[1] / "kernels" / "testdata" / "smollm2_kv.pt"
+
+
+def _to_device(case):
+    out = {}
+    for name, value in case.items():
+        if name == "cache":
+            fields = {f: (getattr(value, f).to(DEVICE) if isinstance(getattr(value, f), torch.Tensor) else getattr(value, f))
+                      for f in value.__dataclass_fields__}
+            value = type(value)(**fields)
+        elif isinstance(value, torch.Tensor):
+            value = value.to(DEVICE)
+        out[name] = value
+    return out
+
+
+def _random_case(lengths, num_kv_heads, gqa, head_dim, block_size, seed, **options):
+    gen = torch.Generator().manual_seed(seed)
+    kb, vb, wk, wv = [], [], [], []
+    for n in lengths:
+        closed, rest = divmod(n, block_size)
+        kb.append([random_kv((block_size, num_kv_heads, head_dim), torch.float16, gen) for _ in range(closed)])
+        vb.append([random_kv((block_size, num_kv_heads, head_dim), torch.float16, gen, channel_outliers=0)
+                   for _ in range(closed)])
+        wk.append(random_kv((rest, num_kv_heads, head_dim), torch.float16, gen))
+        wv.append(random_kv((rest, num_kv_heads, head_dim), torch.float16, gen, channel_outliers=0))
+    case = build_alrkvd_case(kb, vb, wk, wv, num_kv_heads * gqa, gen, block_size=block_size, **options)
+    q = random_kv((len(lengths), num_kv_heads * gqa, head_dim), torch.float16, gen)
+    return q, case
+
+
+def _check(q, case, num_splits):
+    case = _to_device({k: v for k, v in case.items() if k != "fmt"})
+    q = q.to(DEVICE)
+    scale = q.shape[-1] ** -0.5
+    out = alrkvd_decode_attention(q, scale=scale, num_splits=num_splits, **case)
+    ref = alrkvd_decode_attention_ref(q, scale=scale, **case).float()
+    ref16 = alrkvd_decode_attention_ref(q, scale=scale, kv_dtype=torch.float16, **case).float()
+    assert out.shape == q.shape and out.dtype == q.dtype
+    err = (out.float() - ref).abs().max().item()
+    e16 = (ref16 - ref).abs().max().item()
+    budget = 2 * e16 + 2e-3 * max(1.0, ref.abs().max().item())
+    assert err <= budget, f"max error {err:.4g} > budget {budget:.4g} (fp16 rounding alone: {e16:.4g})"
+
+
+def test_reference_decode_matches_format():
+    # the reference's block decode restates ALRKVDFormat.decode exactly
+    q, case = _random_case([3 * 32], num_kv_heads=2, gqa=1, head_dim=64, block_size=32, seed=1,
+                           rank_per_head=6.0)
+    fmt, blocks = case["fmt"], case["block_tables"][0, :3]
+    k_fmt, v_fmt = fmt.decode(0, blocks.tolist())
+    k_ref, v_ref = alrkvd_decode_blocks_ref(case["cache"], blocks)
+    torch.testing.assert_close(k_ref.to(k_fmt.dtype), k_fmt, atol=0, rtol=0)
+    torch.testing.assert_close(v_ref.to(v_fmt.dtype), v_fmt, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("group", [1, 3, 4])
+@pytest.mark.parametrize("rank_per_head", [2.0, 8.0])
+def test_gqa_and_ranks(group, rank_per_head):
+    # odd lengths: window only, blocks + partial window, blocks exactly (empty window)
+    q, case = _random_case([5, 2 * 32 + 17, 3 * 32], num_kv_heads=2, gqa=group, head_dim=64, block_size=32,
+                           seed=group * 10 + int(rank_per_head), rank_per_head=rank_per_head)
+    _check(q, case, num_splits=2)
+
+
+@pytest.mark.parametrize("options", [
+    {"codebook": "uniform"},
+    {"rotate": "false"},
+    {"k_bits": 3, "v_bits": 4, "codebook": "uniform", "rotate": "false"},
+    {"k_bits": 4, "v_bits": 1, "group": 32},
+    {"rank_min": 4, "rank_max": 16, "rank_per_head": 8.0},  # mixed ranks, every head >= 4
+])
+def test_format_options(options):
+    q, case = _random_case([2 * 32 + 9, 40], num_kv_heads=2, gqa=3, head_dim=64, block_size=32, seed=7,
+                           **options)
+    _check(q, case, num_splits=3)
+
+
+def test_head_dim_128_and_splits():
+    # Qwen3-like head: D = 128, group 4, block 64; more splits than blocks (empty splits)
+    q, case = _random_case([3 * 64 + 1], num_kv_heads=1, gqa=4, head_dim=128, block_size=64, seed=3,
+                           rank_per_head=16.0)
+    _check(q, case, num_splits=5)
+
+
+@pytest.mark.skipif(not SMOLLM2_KV.exists(), reason="kernels/testdata/smollm2_kv.pt not present")
+@pytest.mark.parametrize("layer", [3, 20])
+def test_smollm2_keys_values(layer):
+    # real keys (before RoPE) and values of SmolLM2-135M: 3 kv heads, GQA 3, head_dim 64
+    data = torch.load(SMOLLM2_KV)
+    k, v, q_pre = data[f"k{layer}"], data[f"v{layer}"], data[f"q{layer}"]
+    T = 32
+    lengths = [k.shape[0] - 3, 2 * T + 11]  # the queries are of the last tokens: use prefixes
+    gen = torch.Generator().manual_seed(layer)
+    kb, vb, wk, wv = [], [], [], []
+    for n in lengths:
+        closed = n // T
+        kb.append([k[i * T:(i + 1) * T] for i in range(closed)])
+        vb.append([v[i * T:(i + 1) * T] for i in range(closed)])
+        wk.append(k[closed * T:n])
+        wv.append(v[closed * T:n])
+    case = build_alrkvd_case(kb, vb, wk, wv, q_pre.shape[1], gen, rope_theta=data["rope_theta"], block_size=T,
+                             rank_per_head=8.0)
+    # the query of the token at position n - 1, rotated there
+    from kernels.alrkvd_attention import rope_ref
+    q = torch.stack([rope_ref(q_pre[-4 + i][None], torch.tensor([n - 1]), case["inv_freq"])[0]
+                     for i, n in enumerate(lengths)]).half()
+    _check(q, case, num_splits=3)
