@@ -12,8 +12,9 @@ GPU ?=
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
 LOADTEST_ARGS ?=
+BENCH_ARGS ?=
 
-.PHONY: setup serve test loadtest clean-venv
+.PHONY: setup serve test loadtest bench-triton clean-venv
 
 setup: $(STAMP)
 
@@ -41,3 +42,7 @@ loadtest: setup
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Inter-token latency through Triton (gRPC, HTTP) vs the engine's own step time, on this machine.
+bench-triton: setup
+	$(PY) -m client.bench_itl --start-server --out reports/bench_itl.json $(BENCH_ARGS)

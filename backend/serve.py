@@ -199,6 +199,26 @@ def _die_with_parent() -> None:
         pass
 
 
+def _reap_group(pgid: int, grace_s: float = 5.0) -> None:
+    """Python-backend stubs still alive after tritonserver exited: give them a moment, then kill.
+
+    They share the server's process group (the server leads a session of its own).
+    """
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        if time.monotonic() > deadline:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return
+        time.sleep(0.1)
+
+
 @dataclass
 class TritonLauncher:
     """One tritonserver process on one model repository."""
@@ -281,6 +301,7 @@ class TritonLauncher:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)  # the server and its stubs
                 proc.wait()
+        _reap_group(proc.pid)
         if self._workdir is not None:
             self._workdir.cleanup()
             self._workdir = None

@@ -117,8 +117,10 @@ def triton_server(tmp_path_factory) -> TritonServer:
     yield server
     _server = None
     code = server.stop()
-    if code not in (0, None):
-        print(f"\n[triton_server] launcher exited with {code}\n{server.log_tail(80)}", file=sys.stderr)
+    # a clean stop: the launcher exits 0 and no server or stub process is left behind
+    leftover = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert code == 0 and not leftover, (
+        f"tritonserver did not stop cleanly (launcher exit {code}, left {leftover})\n{server.log_tail(80)}")
 
 
 @pytest.hookimpl(hookwrapper=True)

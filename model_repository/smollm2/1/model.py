@@ -231,12 +231,22 @@ class TritonPythonModel:
         if leftover:
             self.logger.log_warn(f"[alrkvd] aborted {len(leftover)} request(s) still running at unload")
         self.engine.shutdown()
+        try:
+            asyncio.run_coroutine_threadsafe(self._cancel_tasks(), self._loop).result(timeout=5)
+        except Exception as e:  # noqa: BLE001 - stopping anyway
+            self.logger.log_warn(f"[alrkvd] event loop tasks did not stop: {e!r}")
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop_thread.join(timeout=5)
         self._response_queue.put(None)
         self._response_thread.join(timeout=5)
         self.metrics.shutdown()
         self.logger.log_info(f"[alrkvd] {self.args['model_name']} finalized")
+
+    async def _cancel_tasks(self):
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def _count_inflight(self) -> int:
         with self._lock:

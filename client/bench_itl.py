@@ -1,0 +1,157 @@
+"""The server's per-token overhead: inter-token latency through Triton vs the engine's own step time.
+
+One greedy stream at a time, `--tokens` tokens, `--rounds` rounds; each round runs, back to back,
+the engine in this process (AsyncEngine, the model's config.pbtxt options), then the same request
+through a running server over gRPC and over HTTP, so slow drifts in machine load hit all three
+alike. Reported per path: the median over rounds of each stream's median gap between tokens, and
+the server's own view (model.py's alrkvd:time_per_output_token_seconds) of the Triton streams.
+
+    alrkvd-serve --models smollm2 &        # or make serve
+    python -m client.bench_itl --grpc-url 127.0.0.1:8001 --http-url 127.0.0.1:8000 --out reports/bench_itl.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+from client.api import complete
+
+PROMPT = "Once upon a time, in a small village by the sea,"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _config_parameters(model: str) -> dict:
+    text = (REPO_ROOT / "model_repository" / model / "config.pbtxt").read_text()
+    found = re.findall(r'\{\s*key:\s*"([^"]+)",\s*value:\s*\{\s*string_value:\s*"([^"]*)"\s*\}\s*\}', text)
+    return {k: {"string_value": v} for k, v in found}
+
+
+def load_engine(model: str):
+    """AsyncEngine with the same options the server's model uses."""
+    import importlib.util
+
+    from backend.engine import AsyncEngine, EngineArgs
+
+    spec = importlib.util.spec_from_file_location(
+        "engine_config", REPO_ROOT / "model_repository" / model / "1" / "engine_config.py")
+    ec = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ec)
+    args = ec.engine_args_from_config({"parameters": _config_parameters(model)},
+                                      str(REPO_ROOT / "model_repository" / model), EngineArgs)
+    return AsyncEngine(args)
+
+
+def engine_gaps(engine, tokens: int, request_id: str) -> list[float]:
+    from backend.engine import SamplingParams
+
+    params = SamplingParams.from_dict({"max_tokens": tokens, "temperature": 0, "ignore_eos": True})
+
+    async def run():
+        times = []
+        async for out in engine.generate(PROMPT, params, request_id):
+            if out.new_token_ids:
+                times.append(time.perf_counter())
+        return [b - a for a, b in zip(times, times[1:])]
+
+    return asyncio.run(run())
+
+
+def server_tpot(metrics_url: str, model: str) -> tuple[float, float]:
+    text = requests.get(metrics_url, timeout=10, headers={"Connection": "close"}).text
+    values = []
+    for part in ("sum", "count"):
+        m = re.search(rf'alrkvd:time_per_output_token_seconds_{part}\{{model="{model}",version="1"\}} (\S+)', text)
+        values.append(float(m.group(1)) if m else 0.0)
+    return values[0], values[1]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m client.bench_itl", description=__doc__.split("\n\n")[0])
+    p.add_argument("--grpc-url", default="127.0.0.1:8001")
+    p.add_argument("--http-url", default="127.0.0.1:8000")
+    p.add_argument("--metrics-url", default=None, help="default: the HTTP host, port 8002")
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--start-server", action="store_true",
+                   help="start tritonserver (this model only) on free loopback ports, stop it at the end")
+    args = p.parse_args(argv)
+    launcher = None
+    if args.start_server:
+        launcher = start_server(args.model)
+        args.grpc_url, args.http_url, args.metrics_url = launcher.grpc_url, launcher.http_url, launcher.metrics_url
+    try:
+        return run(args)
+    finally:
+        if launcher is not None:
+            launcher.stop()
+
+
+def start_server(model: str):
+    import socket
+
+    from backend.serve import TritonLauncher
+
+    socks = [socket.socket() for _ in range(3)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    launcher = TritonLauncher(models=[model], host="127.0.0.1", http_port=ports[0], grpc_port=ports[1],
+                              metrics_port=ports[2])
+    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_itl_tritonserver_{os.getpid()}.log", "wb")
+    launcher.start(stdout=log, stderr=log)
+    launcher.wait_until_ready(timeout=900)
+    return launcher
+
+
+def run(args) -> int:
+    metrics_url = args.metrics_url or f"http://{args.http_url.rsplit(':', 1)[0]}:8002/metrics"
+
+    engine = load_engine(args.model)
+    rows = {"engine": [], "grpc": [], "http": [], "server_tpot": []}
+    for r in range(args.rounds + 1):  # round 0 warms everything up and is dropped
+        e = statistics.median(engine_gaps(engine, args.tokens, f"bench-{r}"))
+        s0 = server_tpot(metrics_url, args.model)
+        g = complete(PROMPT, url=args.grpc_url, protocol="grpc", model=args.model,
+                     max_tokens=args.tokens, temperature=0, ignore_eos=True)
+        h = complete(PROMPT, url=args.http_url, protocol="http", model=args.model,
+                     max_tokens=args.tokens, temperature=0, ignore_eos=True)
+        s1 = server_tpot(metrics_url, args.model)
+        if r == 0:
+            continue
+        rows["engine"].append(e)
+        rows["grpc"].append(statistics.median(g.itl_s))
+        rows["http"].append(statistics.median(h.itl_s))
+        rows["server_tpot"].append((s1[0] - s0[0]) / max(1.0, s1[1] - s0[1]))
+        print(f"round {r}: engine {e * 1e3:6.1f} ms  model.py {rows['server_tpot'][-1] * 1e3:6.1f} ms  "
+              f"gRPC {rows['grpc'][-1] * 1e3:6.1f} ms  HTTP {rows['http'][-1] * 1e3:6.1f} ms", file=sys.stderr)
+    engine.shutdown()
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    result = {
+        "model": args.model, "tokens": args.tokens, "rounds": args.rounds,
+        "load_average": os.getloadavg(), "cpus": os.cpu_count(),
+        "median_s": med, "rounds_s": rows,
+        "overhead_s": {"grpc": med["grpc"] - med["engine"], "http": med["http"] - med["engine"]},
+    }
+    print(json.dumps(result, indent=2))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
