@@ -359,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     try:
         launcher.start()
+        print(f"alrkvd-serve: tritonserver pid {launcher.process.pid}", flush=True)
         deadline = time.monotonic() + args.ready_timeout
         while not stopping:
             try:

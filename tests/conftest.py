@@ -18,6 +18,7 @@ ALRKVD_TEST_READY_TIMEOUT seconds to wait for the models (default 900).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -117,8 +118,11 @@ def triton_server(tmp_path_factory) -> TritonServer:
     yield server
     _server = None
     code = server.stop()
-    # a clean stop: the launcher exits 0 and no server or stub process is left behind
-    leftover = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    # a clean stop: the launcher exits 0 and no server or stub process is left behind (the server
+    # leads its own session, which its Python-backend stubs share)
+    pid = re.search(r"tritonserver pid (\d+)", log_path.read_text(errors="replace"))
+    leftover = subprocess.run(["pgrep", "-s", pid.group(1)], capture_output=True,
+                              text=True).stdout.split() if pid else []
     assert code == 0 and not leftover, (
         f"tritonserver did not stop cleanly (launcher exit {code}, left {leftover})\n{server.log_tail(80)}")
 
