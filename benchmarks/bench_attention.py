@@ -40,6 +40,8 @@ DEVICE = use_interpreter_without_gpu()  # before the kernel modules: Triton deci
 
 import triton  # noqa: E402
 
+import kernels.alrkvd_attention as alrkvd_mod  # noqa: E402
+import kernels.paged_attention as paged_mod  # noqa: E402
 from kernels.alrkvd_attention import AlrkvdLayer, alrkvd_decode_attention, alrkvd_decode_attention_ref  # noqa: E402
 from kernels.paged_attention import paged_decode_attention  # noqa: E402
 
@@ -68,7 +70,7 @@ def copy_bandwidth(device) -> float:
     return 2 * n / sec
 
 
-def time_calls(calls, device, min_total_s: float = 0.2) -> float:
+def time_calls(calls, device, min_total_s: float = 0.1) -> float:
     """Seconds per call, averaged over `calls` (each over its own data), from CUDA-graph replays."""
     if device != "cuda":
         t = time.perf_counter()
@@ -275,6 +277,53 @@ def bench_config(batch, length, variants, args, device, copy_bw, gen):
     return rows
 
 
+# Launch configurations tried by --tune (stage 1 of each kernel), at B=8, L=32k.
+TUNE_SPACE = {
+    "paged_decode_stage1": [dict(BLOCK_N=n, num_warps=w, num_stages=st)
+                            for n, w, st in [(32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 8, 2)]],
+    "alrkvd_decode_stage1": [dict(BLOCK_N=n, num_warps=w, num_stages=st)
+                             for n, w, st in [(16, 4, 2), (32, 4, 2), (32, 8, 2), (64, 4, 2), (64, 8, 2)]],
+}
+
+
+def tune(args, device, gen, batch=8, length=32768):
+    """Time each launch configuration of TUNE_SPACE; install the fastest as the kernels' default for
+    the rest of the run. Returns {kernel: [{config, us | error}], ...} with the best marked."""
+    Hq, Hkv, D = args.num_q_heads, args.num_kv_heads, args.head_dim
+    scale = D ** -0.5
+    q = torch.randn(batch, Hq, D, device=device, dtype=torch.float16)
+    k = torch.randn(batch, Hkv, length, D, device=device, dtype=torch.float16)
+    kc, vc, bt = make_paged_fp16(k, torch.randn_like(k), FP16_BLOCK, gen)
+    del k
+    seq_lens = torch.full((batch,), length, dtype=torch.int32, device=device)
+    alr, _ = make_alrkvd(batch, length, Hkv, D, args.block, *VARIANTS["alrkvd-r32"], device, gen)
+    runs = {
+        "paged_decode_stage1": (paged_mod._DEFAULT_STAGE1, lambda: paged_decode_attention(q, kc, vc, bt, seq_lens, scale)),
+        "alrkvd_decode_stage1": (alrkvd_mod._DEFAULT_STAGE1, lambda: alrkvd_decode_attention(q, scale=scale, **alr)),
+    }
+    report = {}
+    for kernel, (defaults, call) in runs.items():
+        original, results = dict(defaults), []
+        for cfg in TUNE_SPACE[kernel]:
+            defaults.clear()
+            defaults.update(cfg)
+            try:
+                results.append({"config": cfg, "us": time_calls([call], device) * 1e6})
+            except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory: skip the config
+                results.append({"config": cfg, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+            print(f"tune {kernel:<22} {cfg} -> {results[-1].get('us', results[-1].get('error'))}", flush=True)
+        timed = [r for r in results if "us" in r]
+        best = min(timed, key=lambda r: r["us"])["config"] if timed else original
+        defaults.clear()
+        defaults.update(best)
+        report[kernel] = {"key": f"B={batch},L={length}", "best": best, "results": results}
+        print(f"tune {kernel:<22} best {best}", flush=True)
+    del kc, vc, alr
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return report
+
+
 def print_header():
     print(f"{'B':>3} {'L':>7} {'method':<18} {'time us':>10} {'MB read':>10} {'GB/s':>8} {'%copy':>6} "
           f"{'vs sdpa':>8}  check", flush=True)
@@ -301,11 +350,13 @@ def parse_args(argv=None):
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="skip the ALR-KVD check against the PyTorch reference on the small configs")
     p.add_argument("--check-tokens", type=int, default=8192, help="check configs with B*L up to this")
+    p.add_argument("--tune", action=argparse.BooleanOptionalAction, default=None,
+                   help="sweep the kernels' launch configurations first (default: on with a GPU)")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
     args.num_q_heads, args.num_kv_heads, args.head_dim, args.block = NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, ALRKVD_BLOCK
     if args.smoke:
-        args.batches, args.lengths = [1, 2], [160]
+        args.batches, args.lengths = [2], [160]
         args.num_q_heads, args.num_kv_heads, args.head_dim, args.block = 8, 2, 64, 32
         args.variants = ["alrkvd-mixed", "alrkvd-r32-norot"]
     return args
@@ -328,6 +379,8 @@ def main(argv=None) -> int:
     copy_bw = copy_bandwidth(device)
     meta["copy_GBps"] = copy_bw / 1e9
     print(f"device-to-device copy: {copy_bw / 1e9:.0f} GB/s (read + write)", flush=True)
+    if args.tune or (args.tune is None and device == "cuda"):
+        meta["tuning"] = tune(args, device, gen, *((2, 160) if args.smoke else ()))
     print_header()
     rows = []
     for batch in args.batches:

@@ -15,8 +15,9 @@ Keys are stored before RoPE: the kernel rotates them (HF half-split RoPE, positi
 The window `[num_slots, block_size, H, D]` (model dtype, keys before RoPE) holds the last
 seq_len % block_size tokens of each sequence in its slot.
 
-Stage 1 (one program per sequence, kv head and split; the extra split index num_splits takes the
-window), per tile of BLOCK_N tokens of one block:
+Stage 1 (one program per sequence, kv head and split of the closed blocks; the extra split index
+num_splits takes the window). Per block: the head's ranks/offsets, basis rows and latent scales;
+then per tile of BLOCK_N tokens:
     keys:   k = lat_k @ B_k + E_k (E_k = codes -> levels * scale, then @ rot^T), both RoPE halves
             rebuilt separately, rotated with cos/sin from angle addition, scores for every query
             head of the GQA group with tl.dot;
@@ -284,87 +285,91 @@ def _alrkvd_decode_stage1(
             acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16).to(DOT_DTYPE), v.to(tl.float16).to(DOT_DTYPE))
     else:
         # ---------------- closed blocks, compressed ----------------
-        TILES_PER_BLOCK: tl.constexpr = BLOCK_SIZE // BLOCK_N
-        n_tiles = n_closed * TILES_PER_BLOCK
-        tiles_per_split = tl.cdiv(n_tiles, num_splits)
-        t_start = pid_s * tiles_per_split
-        t_end = tl.minimum(t_start + tiles_per_split, n_tiles)
+        blocks_per_split = tl.cdiv(n_closed, num_splits)
+        blk_start = pid_s * blocks_per_split
+        blk_end = tl.minimum(blk_start + blocks_per_split, n_closed)
         offs_s = tl.arange(0, BLOCK_S)
         bt_row = Block_tables + pid_b * stride_btb
         kvh64 = pid_kvh.to(tl.int64)
-        for tile in range(t_start, t_end):
-            blk = tile // TILES_PER_BLOCK
-            rows = (tile % TILES_PER_BLOCK) * BLOCK_N + offs_n  # token rows inside the block
-            mask_n = rows < BLOCK_SIZE
+        if ROTATE:  # rot^T split by output RoPE half, loaded once per program
+            rot1 = tl.load(Rot_t + offs_d[:, None] * HEAD_DIM + offs_h[None, :]).to(DOT_DTYPE)
+            rot2 = tl.load(Rot_t + offs_d[:, None] * HEAD_DIM + HALF + offs_h[None, :]).to(DOT_DTYPE)
+        for blk in range(blk_start, blk_end):
             block = tl.load(bt_row + blk).to(tl.int64)
 
-            # -- this head's K and V streams: offset and rank inside the block's R rows
+            # -- per block: this head's K and V streams (offset and rank inside the R rows), their
+            #    basis rows (dequantized, rows >= rank masked to 0) and latent scale/zero
             rk = tl.load(Ranks + block * stride_rkn + offs_s, mask=offs_s < 2 * NUM_KV_HEADS, other=0).to(tl.int32)
             off_k = tl.sum(tl.where(offs_s < pid_kvh, rk, 0), 0)
             r_k = tl.sum(tl.where(offs_s == pid_kvh, rk, 0), 0)
             off_v = tl.sum(tl.where(offs_s < NUM_KV_HEADS + pid_kvh, rk, 0), 0)
             r_v = tl.sum(tl.where(offs_s == NUM_KV_HEADS + pid_kvh, rk, 0), 0)
-
-            # -- latents [BLOCK_N, BLOCK_R] and basis rows of both streams (rows >= rank masked to 0)
-            lat_blk = Latent + block * stride_ln
+            mk = offs_r < r_k
+            mv = offs_r < r_v
             sc_blk = block * stride_bsn
             basis_blk = Basis + block * stride_bn
-            mk = offs_r < r_k
-            lk = _load_rows(lat_blk + off_k, rows, offs_r, mask_n, mk, stride_lt).to(tl.float32)
-            lk = lk * tl.load(Latent_scale + sc_blk + off_k + offs_r, mask=mk, other=0.0).to(tl.float32)[None, :] \
-                + tl.load(Latent_zero + sc_blk + off_k + offs_r, mask=mk, other=0.0).to(tl.float32)[None, :]
-            bk_s = tl.load(Basis_scale + sc_blk + off_k + offs_r, mask=mk, other=0.0).to(tl.float32)
+            bk_s = tl.load(Basis_scale + sc_blk + off_k + offs_r, mask=mk, other=0.0).to(tl.float32)[:, None]
             bk1 = _load_rows(basis_blk + off_k * stride_br, offs_r, offs_h, mk, offs_h < HALF, stride_br)
             bk2 = _load_rows(basis_blk + off_k * stride_br + HALF, offs_r, offs_h, mk, offs_h < HALF, stride_br)
-            lk = lk.to(tl.float16).to(DOT_DTYPE)
-            k1 = tl.dot(lk, (bk1.to(tl.float32) * bk_s[:, None]).to(tl.float16).to(DOT_DTYPE))
-            k2 = tl.dot(lk, (bk2.to(tl.float32) * bk_s[:, None]).to(tl.float16).to(DOT_DTYPE))
-
-            # -- key residual, back in the original space, added per RoPE half
+            bk1 = (bk1.to(tl.float32) * bk_s).to(tl.float16).to(DOT_DTYPE)
+            bk2 = (bk2.to(tl.float32) * bk_s).to(tl.float16).to(DOT_DTYPE)
+            bv_s = tl.load(Basis_scale + sc_blk + off_v + offs_r, mask=mv, other=0.0).to(tl.float32)[:, None]
+            bv = _load_rows(basis_blk + off_v * stride_br, offs_r, offs_d, mv, offs_d < HEAD_DIM, stride_br)
+            bv = (bv.to(tl.float32) * bv_s).to(tl.float16).to(DOT_DTYPE)
+            lk_s = tl.load(Latent_scale + sc_blk + off_k + offs_r, mask=mk, other=0.0).to(tl.float32)[None, :]
+            lk_z = tl.load(Latent_zero + sc_blk + off_k + offs_r, mask=mk, other=0.0).to(tl.float32)[None, :]
+            lv_s = tl.load(Latent_scale + sc_blk + off_v + offs_r, mask=mv, other=0.0).to(tl.float32)[None, :]
+            lv_z = tl.load(Latent_zero + sc_blk + off_v + offs_r, mask=mv, other=0.0).to(tl.float32)[None, :]
+            lat_blk = Latent + block * stride_ln
             kr = K_resid + block * stride_krn + kvh64 * stride_krh
             ks_off = block * stride_ksn + kvh64 * stride_ksh
-            if ROTATE:
-                e = _dequant_resid(kr, K_rscale + ks_off, K_rzero + ks_off, K_levels, rows, mask_n,
-                                   stride_krt, stride_kst, HEAD_DIM, K_BITS, RES_GROUP, UNIFORM,
-                                   0, HEAD_DIM, BLOCK_N).to(tl.float16).to(DOT_DTYPE)
-                rot1 = tl.load(Rot_t + offs_d[:, None] * HEAD_DIM + offs_h[None, :]).to(DOT_DTYPE)
-                rot2 = tl.load(Rot_t + offs_d[:, None] * HEAD_DIM + HALF + offs_h[None, :]).to(DOT_DTYPE)
-                k1 += tl.dot(e, rot1)
-                k2 += tl.dot(e, rot2)
-            else:
-                k1 += _dequant_resid(kr, K_rscale + ks_off, K_rzero + ks_off, K_levels, rows, mask_n,
-                                     stride_krt, stride_kst, HEAD_DIM, K_BITS, RES_GROUP, UNIFORM,
-                                     0, HALF, BLOCK_N)
-                k2 += _dequant_resid(kr, K_rscale + ks_off, K_rzero + ks_off, K_levels, rows, mask_n,
-                                     stride_krt, stride_kst, HEAD_DIM, K_BITS, RES_GROUP, UNIFORM,
-                                     HALF, HALF, BLOCK_N)
-
-            # -- RoPE at positions blk * T + rows, scores of every query head of the group
-            cos, sin = _cos_sin(blk * BLOCK_SIZE + (tile % TILES_PER_BLOCK) * BLOCK_N, cos_j, sin_j,
-                                inv_freq_ptrs)
-            r1, r2 = _rope(k1, k2, cos, sin)
-            s = tl.dot(q1, tl.trans(r1.to(tl.float16).to(DOT_DTYPE)))
-            s += tl.dot(q2, tl.trans(r2.to(tl.float16).to(DOT_DTYPE)))
-            p, alpha, m_i, l_i = _softmax_update(s * qk_scale, mask_n, m_i, l_i)
-            p16 = p.to(tl.float16).to(DOT_DTYPE)
-
-            # -- values: latent part up-projected per tile by the block's basis, residual kept rotated
-            mv = offs_r < r_v
-            lv = _load_rows(lat_blk + off_v, rows, offs_r, mask_n, mv, stride_lt).to(tl.float32)
-            lv = lv * tl.load(Latent_scale + sc_blk + off_v + offs_r, mask=mv, other=0.0).to(tl.float32)[None, :] \
-                + tl.load(Latent_zero + sc_blk + off_v + offs_r, mask=mv, other=0.0).to(tl.float32)[None, :]
-            lv = tl.where(mask_n[:, None], lv, 0.0)
-            pl = tl.dot(p16, lv.to(tl.float16).to(DOT_DTYPE))  # [BLOCK_G, BLOCK_R]
-            bv_s = tl.load(Basis_scale + sc_blk + off_v + offs_r, mask=mv, other=0.0).to(tl.float32)
-            bv = _load_rows(basis_blk + off_v * stride_br, offs_r, offs_d, mv, offs_d < HEAD_DIM, stride_br)
-            bv = (bv.to(tl.float32) * bv_s[:, None]).to(tl.float16).to(DOT_DTYPE)
             vr = V_resid + block * stride_vrn + kvh64 * stride_vrh
             vs_off = block * stride_vsn + kvh64 * stride_vsh
-            ev = _dequant_resid(vr, V_rscale + vs_off, V_rzero + vs_off, V_levels, rows, mask_n,
-                                stride_vrt, stride_vst, HEAD_DIM, V_BITS, RES_GROUP, UNIFORM,
-                                0, HEAD_DIM, BLOCK_N)
-            acc = acc * alpha[:, None] + tl.dot(pl.to(tl.float16).to(DOT_DTYPE), bv)
-            acc_rot = acc_rot * alpha[:, None] + tl.dot(p16, ev.to(tl.float16).to(DOT_DTYPE))
+            acc_blk = tl.zeros([BLOCK_G, BLOCK_R], dtype=tl.float32)  # p @ value latents, this block
+
+            for row0 in range(0, BLOCK_SIZE, BLOCK_N):
+                rows = row0 + offs_n  # token rows inside the block
+                mask_n = rows < BLOCK_SIZE
+
+                # -- keys: low-rank part per RoPE half, plus the residual back in the original space
+                lk = _load_rows(lat_blk + off_k, rows, offs_r, mask_n, mk, stride_lt).to(tl.float32)
+                lk = (lk * lk_s + lk_z).to(tl.float16).to(DOT_DTYPE)
+                k1 = tl.dot(lk, bk1)
+                k2 = tl.dot(lk, bk2)
+                if ROTATE:
+                    e = _dequant_resid(kr, K_rscale + ks_off, K_rzero + ks_off, K_levels, rows, mask_n,
+                                       stride_krt, stride_kst, HEAD_DIM, K_BITS, RES_GROUP, UNIFORM,
+                                       0, HEAD_DIM, BLOCK_N).to(tl.float16).to(DOT_DTYPE)
+                    k1 += tl.dot(e, rot1)
+                    k2 += tl.dot(e, rot2)
+                else:
+                    k1 += _dequant_resid(kr, K_rscale + ks_off, K_rzero + ks_off, K_levels, rows, mask_n,
+                                         stride_krt, stride_kst, HEAD_DIM, K_BITS, RES_GROUP, UNIFORM,
+                                         0, HALF, BLOCK_N)
+                    k2 += _dequant_resid(kr, K_rscale + ks_off, K_rzero + ks_off, K_levels, rows, mask_n,
+                                         stride_krt, stride_kst, HEAD_DIM, K_BITS, RES_GROUP, UNIFORM,
+                                         HALF, HALF, BLOCK_N)
+
+                # -- RoPE at positions blk * T + rows, scores of every query head of the group
+                cos, sin = _cos_sin(blk * BLOCK_SIZE + row0, cos_j, sin_j, inv_freq_ptrs)
+                r1, r2 = _rope(k1, k2, cos, sin)
+                s = tl.dot(q1, tl.trans(r1.to(tl.float16).to(DOT_DTYPE)))
+                s += tl.dot(q2, tl.trans(r2.to(tl.float16).to(DOT_DTYPE)))
+                p, alpha, m_i, l_i = _softmax_update(s * qk_scale, mask_n, m_i, l_i)
+                p16 = p.to(tl.float16).to(DOT_DTYPE)
+
+                # -- values: latents accumulated per block, the residual in the rotated space
+                lv = _load_rows(lat_blk + off_v, rows, offs_r, mask_n, mv, stride_lt).to(tl.float32)
+                lv = tl.where(mask_n[:, None], lv * lv_s + lv_z, 0.0)
+                ev = _dequant_resid(vr, V_rscale + vs_off, V_rzero + vs_off, V_levels, rows, mask_n,
+                                    stride_vrt, stride_vst, HEAD_DIM, V_BITS, RES_GROUP, UNIFORM,
+                                    0, HEAD_DIM, BLOCK_N)
+                acc_blk = acc_blk * alpha[:, None] + tl.dot(p16, lv.to(tl.float16).to(DOT_DTYPE))
+                acc = acc * alpha[:, None]
+                acc_rot = acc_rot * alpha[:, None] + tl.dot(p16, ev.to(tl.float16).to(DOT_DTYPE))
+
+            # -- the block's value latents up-projected once by its basis
+            acc += tl.dot(acc_blk.to(tl.float16).to(DOT_DTYPE), bv)
 
         if ROTATE:
             rot = tl.load(Rot_t + offs_d[:, None] * HEAD_DIM + offs_d[None, :]).to(tl.float32)

@@ -1,0 +1,247 @@
+"""One-pass ALR-KVD compression of full blocks (Triton): projection onto the block's basis, latent
+quantization, residual (rotation, quantization) and packing, straight into the format's storage.
+
+The basis comes first, from PyTorch on the device: the batched SVD of all streams of all blocks,
+the format's own rank water-filling (`fmt.allocate_ranks`) and the 8-bit basis quantization, exactly
+as `backend.kv_formats.ALRKVDFormat.encode` does them. The kernel then does the rest of `encode` for
+one stream of one block per program (grid (n, 2H)), never writing anything but the packed result:
+    lat = X_s @ B_s^T                      latents [T, r_s], then asymmetric 8-bit per row over T
+    E   = (X_s - lat_hat @ B_s) @ rot      residual, rotated (if the format rotates)
+    codes/scales per (token, group)        gauss: RMS x best of 5 factors on the Lloyd-Max levels;
+                                           uniform: asymmetric; then bit-plane packing (pack_bits)
+Same arithmetic as the PyTorch encode (fp32 IEEE dots, division and square root correctly rounded,
+round half to even, fp16 rounding of scales): the results equal it up to float summation order,
+which can move a value across a rounding boundary (tests: codes equal but for rare neighbours).
+
+Public: `alrkvd_compress(fmt, layer, block_ids, k, v)`; reference: `fmt.encode`. Nothing runs at import.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.tuning import get_config
+
+_DEFAULT = {"num_warps": 8, "num_stages": 1}
+GAUSS_SEARCH = (0.8, 0.9, 1.0, 1.12, 1.25)  # backend.kv_formats.quant_gauss's default `search`
+
+
+@triton.jit
+def _round_half_even(x):
+    f = tl.floor(x + 0.5)
+    odd = (f - 2.0 * tl.floor(f * 0.5)) != 0
+    return tl.where(((f - x) == 0.5) & odd, f - 1.0, f)
+
+
+@triton.jit
+def _quant_asym(x, QMAX: tl.constexpr, AXIS: tl.constexpr):
+    """backend.kv_formats.quant_asym over AXIS: (codes fp32, scale fp16, zero fp16) with scale and zero
+    kept along AXIS (size 1)."""
+    mn = tl.min(x, AXIS)
+    mx = tl.max(x, AXIS)
+    scale = ((mx - mn) / QMAX).to(tl.float16)
+    zero = mn.to(tl.float16)
+    s = tl.maximum(scale.to(tl.float32), 1e-8)
+    q = _round_half_even(tl.div_rn(x - tl.expand_dims(zero.to(tl.float32), AXIS), tl.expand_dims(s, AXIS)))
+    return tl.minimum(tl.maximum(q, 0.0), QMAX), scale, zero
+
+
+@triton.jit
+def _pack_plane_store(Row_ptrs, codes, BYTE0: tl.constexpr, W: tl.constexpr, SHIFT: tl.constexpr,
+                      T: tl.constexpr, D: tl.constexpr):
+    """Store bits SHIFT..SHIFT+W of codes [T, D] as one plane of pack_bits: value j in byte
+    BYTE0 + j // (8 // W) at bit (j % (8 // W)) * W."""
+    PER: tl.constexpr = 8 // W
+    plane = tl.reshape((codes >> SHIFT) & ((1 << W) - 1), [T, D // PER, PER])
+    packed = tl.sum(plane << (tl.arange(0, PER) * W)[None, None, :], 2)
+    tl.store(Row_ptrs[:, None] + BYTE0 + tl.arange(0, D // PER)[None, :], packed.to(tl.uint8))
+
+
+@triton.jit
+def _pack_store(Row_ptrs, codes, BITS: tl.constexpr, T: tl.constexpr, D: tl.constexpr):
+    if BITS == 8:
+        _pack_plane_store(Row_ptrs, codes, 0, 8, 0, T, D)
+    else:
+        HAS4: tl.constexpr = (BITS >> 2) & 1
+        HAS2: tl.constexpr = (BITS >> 1) & 1
+        HAS1: tl.constexpr = BITS & 1
+        if HAS4:
+            _pack_plane_store(Row_ptrs, codes, 0, 4, 0, T, D)
+        if HAS2:
+            _pack_plane_store(Row_ptrs, codes, HAS4 * D // 2, 2, 4 * HAS4, T, D)
+        if HAS1:
+            _pack_plane_store(Row_ptrs, codes, HAS4 * D // 2 + HAS2 * D // 4, 1, 4 * HAS4 + 2 * HAS2, T, D)
+
+
+@triton.jit
+def _quant_resid_store(e, Resid_rows, Scale_rows, Zero_rows, Levels, Edges, Search,
+                       BITS: tl.constexpr, GROUP: tl.constexpr, UNIFORM: tl.constexpr,
+                       NSEARCH: tl.constexpr, T: tl.constexpr, D: tl.constexpr):
+    """Quantize the rotated residual e [T, D] per (token, group) and store codes, scales (, zeros)."""
+    NG: tl.constexpr = D // GROUP
+    x = tl.reshape(e, [T, NG, GROUP])
+    offs_g = tl.arange(0, NG)
+    if UNIFORM:
+        q, scale, zero = _quant_asym(x, (1 << BITS) - 1, 2)
+        tl.store(Zero_rows[:, None] + offs_g[None, :], zero)
+        codes = q.to(tl.int32)
+    else:
+        rms = tl.maximum(tl.sqrt_rn(tl.sum(x * x, 2) / GROUP), 1e-8)
+        best_err = tl.full([T, NG], float("inf"), tl.float32)
+        best_s = tl.zeros([T, NG], tl.float16)
+        codes = tl.zeros([T, NG, GROUP], tl.int32)
+        for i in tl.static_range(NSEARCH):
+            s16 = (rms * tl.load(Search + i)).to(tl.float16)
+            sf = tl.maximum(s16.to(tl.float32), 1e-8)
+            v = tl.div_rn(x, sf[:, :, None])
+            q = tl.zeros([T, NG, GROUP], tl.int32)
+            for j in tl.static_range((1 << BITS) - 1):  # torch.bucketize: number of edges < v
+                q += (tl.load(Edges + j) < v).to(tl.int32)
+            diff = tl.load(Levels + q) * sf[:, :, None] - x
+            err = tl.sum(diff * diff, 2)
+            better = err < best_err
+            best_err = tl.where(better, err, best_err)
+            best_s = tl.where(better, s16, best_s)
+            codes = tl.where(better[:, :, None], q, codes)
+        scale = best_s
+    tl.store(Scale_rows[:, None] + offs_g[None, :], scale)
+    _pack_store(Resid_rows, tl.reshape(codes, [T, D]), BITS, T, D)
+
+
+@triton.jit
+def _alrkvd_compress_kernel(
+    # Pointers: inputs
+    K_src, V_src, Block_ids, Ranks, Basis, Basis_scale, Rot,
+    K_levels, K_edges, V_levels, V_edges, Search,
+    # Pointers: outputs
+    Latent, Latent_scale, Latent_zero, K_resid, K_rscale, K_rzero, V_resid, V_rscale, V_rzero,
+    # Strides
+    stride_sn, stride_st, stride_sh,  # k and v sources [n, T, H, D]: block, token, head
+    stride_rkn, stride_bn, stride_br, stride_bsn, stride_ln, stride_lt,
+    stride_rn, stride_rt, stride_rh,  # k_resid: block, token, head
+    stride_vn, stride_vt, stride_vh,  # v_resid (its packed rows differ when v_bits != k_bits)
+    stride_cn, stride_ct, stride_ch,  # k_rscale, v_rscale (and zeros): block, token, head
+    # Meta-parameters
+    NUM_KV_HEADS: tl.constexpr, T: tl.constexpr, D: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
+    K_BITS: tl.constexpr, V_BITS: tl.constexpr, GROUP: tl.constexpr,
+    UNIFORM: tl.constexpr, ROTATE: tl.constexpr, NSEARCH: tl.constexpr,
+):
+    """Grid (n, 2H): stream s (K heads, then V heads) of the i-th block to compress."""
+    pid_i = tl.program_id(0)
+    s = tl.program_id(1)
+    h = s % NUM_KV_HEADS
+    block = tl.load(Block_ids + pid_i).to(tl.int64)
+    offs_t = tl.arange(0, T)
+    offs_d = tl.arange(0, D)
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_s = tl.arange(0, BLOCK_S)
+
+    # -- the stream's rows [T, D]
+    src = pid_i.to(tl.int64) * stride_sn + h * stride_sh + offs_t[:, None] * stride_st + offs_d[None, :]
+    if s < NUM_KV_HEADS:
+        x = tl.load(K_src + src).to(tl.float32)
+    else:
+        x = tl.load(V_src + src).to(tl.float32)
+
+    # -- its basis rows (written by the PyTorch step), rows >= rank masked to 0
+    rk = tl.load(Ranks + block * stride_rkn + offs_s, mask=offs_s < 2 * NUM_KV_HEADS, other=0).to(tl.int32)
+    off = tl.sum(tl.where(offs_s < s, rk, 0), 0)
+    rank = tl.sum(tl.where(offs_s == s, rk, 0), 0)
+    mask_r = offs_r < rank
+    bq = tl.load(Basis + block * stride_bn + (off + offs_r)[:, None] * stride_br + offs_d[None, :],
+                 mask=mask_r[:, None], other=0).to(tl.float32)
+    basis = bq * tl.load(Basis_scale + block * stride_bsn + off + offs_r, mask=mask_r, other=0.0).to(tl.float32)[:, None]
+
+    # -- latents: projection, 8-bit asymmetric per row over the block's tokens, reconstruction
+    lat = tl.dot(x, tl.trans(basis), input_precision="ieee")  # [T, BLOCK_R]
+    lq, lscale, lzero = _quant_asym(lat, 255, 0)
+    lat_hat = lq * lscale.to(tl.float32)[None, :] + lzero.to(tl.float32)[None, :]
+    tl.store(Latent + block * stride_ln + offs_t[:, None] * stride_lt + off + offs_r[None, :],
+             lq.to(tl.uint8), mask=mask_r[None, :])
+    tl.store(Latent_scale + block * stride_bsn + off + offs_r, lscale, mask=mask_r)
+    tl.store(Latent_zero + block * stride_bsn + off + offs_r, lzero, mask=mask_r)
+
+    # -- residual, rotated, quantized and packed
+    e = x - tl.dot(lat_hat, basis, input_precision="ieee")
+    if ROTATE:
+        rot = tl.load(Rot + offs_d[:, None] * D + offs_d[None, :])
+        e = tl.dot(e, rot, input_precision="ieee")
+    rows_c = block * stride_cn + h * stride_ch + offs_t * stride_ct
+    if s < NUM_KV_HEADS:
+        rows_r = block * stride_rn + h * stride_rh + offs_t * stride_rt
+        _quant_resid_store(e, K_resid + rows_r, K_rscale + rows_c, K_rzero + rows_c, K_levels, K_edges, Search,
+                           K_BITS, GROUP, UNIFORM, NSEARCH, T, D)
+    else:
+        rows_r = block * stride_vn + h * stride_vh + offs_t * stride_vt
+        _quant_resid_store(e, V_resid + rows_r, V_rscale + rows_c, V_rzero + rows_c, V_levels, V_edges, Search,
+                           V_BITS, GROUP, UNIFORM, NSEARCH, T, D)
+
+
+def _basis_step(fmt, layer: int, ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Batched SVD, rank allocation and 8-bit basis of `encode`, written to ranks/basis/basis_scale."""
+    H = fmt.num_kv_heads
+    x = torch.cat([k.float(), v.float()], dim=2).permute(0, 2, 1, 3)  # [n, 2H, T, D]
+    _, svals, vh = torch.linalg.svd(x, full_matrices=False)
+    qmax = 127
+    for i in range(x.shape[0]):
+        ranks = fmt.allocate_ranks(svals[i], fmt._head_tilt[layer])
+        rows = torch.cat([vh[i, s, : int(ranks[s])] for s in range(2 * H)], 0)  # [R, D]
+        bscale = (rows.abs().amax(-1) / qmax).to(torch.float16)
+        bq = torch.round(rows / bscale.float().clamp_min(1e-8)[:, None]).clamp_(-qmax, qmax)
+        fmt.ranks[layer, ids[i]] = ranks.to(torch.int16)
+        fmt.basis[layer, ids[i]] = bq.to(torch.int8)
+        fmt.basis_scale[layer, ids[i]] = bscale
+
+
+def alrkvd_compress(fmt, layer: int, block_ids, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Compress full blocks `k, v [n, T, H, D]` (keys before RoPE) into `block_ids` of layer `layer` of
+    an `ALRKVDFormat` (latent_bits = basis_bits = 8, rank_budget > 0): what `fmt.encode` does per block."""
+    from backend.kv_formats import gauss_codebook
+    o = fmt.options
+    if o["latent_bits"] != 8 or o["basis_bits"] != 8 or o["rank_budget"] <= 0:
+        raise NotImplementedError("the ALR-KVD compression kernel writes latent_bits=8, basis_bits=8, rank_budget>0")
+    H, D, T = fmt.num_kv_heads, fmt.head_dim, fmt.block_size
+    assert k.shape == v.shape and k.shape[1:] == (T, H, D) and k.stride() == v.stride() and k.stride(-1) == 1
+    assert T & (T - 1) == 0 and D & (D - 1) == 0, "block_size and head_dim must be powers of two"
+    ids = torch.as_tensor(block_ids, dtype=torch.int64, device=k.device).reshape(-1)
+    n = ids.numel()
+    assert n == k.shape[0]
+    if n == 0:
+        return
+    _basis_step(fmt, layer, ids, k, v)
+
+    uniform = o["codebook"] == "uniform"
+    dev = k.device
+
+    def codebook(bits):
+        if uniform:
+            return fmt.k_rscale, fmt.k_rscale  # never read
+        lv = gauss_codebook(bits).to(dev)
+        return lv, ((lv[1:] + lv[:-1]) / 2).contiguous()
+
+    k_lv, k_edges = codebook(o["k_bits"])
+    v_lv, v_edges = codebook(o["v_bits"])
+    rot = getattr(fmt, "_rot", None)
+    search = torch.tensor(GAUSS_SEARCH, dtype=torch.float32, device=dev)
+    lat, kres, vres, ksc = fmt.latent[layer], fmt.k_resid[layer], fmt.v_resid[layer], fmt.k_rscale[layer]
+    assert fmt.v_rscale[layer].stride() == ksc.stride()
+    cfg = get_config("alrkvd_compress", f"head_dim={D},block_size={T}", dev, _DEFAULT)
+    _alrkvd_compress_kernel[(n, 2 * H)](
+        k, v, ids, fmt.ranks[layer], fmt.basis[layer], fmt.basis_scale[layer], rot if rot is not None else search,
+        k_lv, k_edges, v_lv, v_edges, search,
+        lat, fmt.latent_scale[layer], fmt.latent_zero[layer],
+        kres, ksc, fmt.k_rzero[layer] if uniform else ksc,
+        vres, fmt.v_rscale[layer], fmt.v_rzero[layer] if uniform else ksc,
+        k.stride(0), k.stride(1), k.stride(2),
+        fmt.ranks[layer].stride(0), fmt.basis[layer].stride(0), fmt.basis[layer].stride(1),
+        fmt.basis_scale[layer].stride(0), lat.stride(0), lat.stride(1),
+        kres.stride(0), kres.stride(1), kres.stride(2),
+        vres.stride(0), vres.stride(1), vres.stride(2),
+        ksc.stride(0), ksc.stride(1), ksc.stride(2),
+        NUM_KV_HEADS=H, T=T, D=D,
+        BLOCK_R=max(16, triton.next_power_of_2(o["rank_max"])), BLOCK_S=triton.next_power_of_2(2 * H),
+        K_BITS=o["k_bits"], V_BITS=o["v_bits"], GROUP=o["group"], UNIFORM=uniform, ROTATE=rot is not None,
+        NSEARCH=len(GAUSS_SEARCH), **cfg,
+    )
