@@ -143,20 +143,45 @@ def _unpack_codes(row_ptrs, mask_n, DIM: tl.constexpr, BITS: tl.constexpr, COL0:
 
 
 @triton.jit
+def _levels(Levels, codes, BITS: tl.constexpr):
+    """Codebook lookup levels[codes]: selects for up to 4 levels, a gather beyond."""
+    if BITS == 1:
+        x = tl.where(codes == 0, tl.load(Levels), tl.load(Levels + 1))
+    elif BITS == 2:
+        lo = tl.where(codes == 0, tl.load(Levels), tl.load(Levels + 1))
+        hi = tl.where(codes == 2, tl.load(Levels + 2), tl.load(Levels + 3))
+        x = tl.where(codes < 2, lo, hi)
+    else:
+        x = tl.load(Levels + codes)
+    return x
+
+
+@triton.jit
 def _dequant_resid(Resid, Rscale, Rzero, Levels, rows, mask_n, stride_rt, stride_st,
                    DIM: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, UNIFORM: tl.constexpr,
                    COL0: tl.constexpr, NCOL: tl.constexpr, BLOCK_N: tl.constexpr):
     """Residual values [BLOCK_N, NCOL] (fp32, the stored, rotated domain) of columns COL0.. of the
-    rows `rows` of one head: Resid/Rscale/Rzero already point at (block, head)."""
+    rows `rows` of one head: Resid/Rscale/Rzero already point at (block, head). COL0 and NCOL are
+    multiples of GROUP, or the columns lie inside one group."""
     codes = _unpack_codes(Resid + rows * stride_rt, mask_n, DIM, BITS, COL0, NCOL, BLOCK_N)
-    grp = (COL0 + tl.arange(0, NCOL)) // GROUP
-    s_ptrs = rows[:, None] * stride_st + grp[None, :]
-    scale = tl.load(Rscale + s_ptrs, mask=mask_n[:, None], other=0.0).to(tl.float32)
     if UNIFORM:
-        zero = tl.load(Rzero + s_ptrs, mask=mask_n[:, None], other=0.0).to(tl.float32)
-        x = codes.to(tl.float32) * scale + zero
+        x = codes.to(tl.float32)
     else:
-        x = tl.load(Levels + codes) * scale
+        x = _levels(Levels, codes, BITS)
+    if NCOL >= GROUP:  # whole groups: one scale per (row, group), broadcast over the group
+        NGS: tl.constexpr = NCOL // GROUP
+        s_ptrs = rows[:, None] * stride_st + COL0 // GROUP + tl.arange(0, NGS)[None, :]
+        scale = tl.load(Rscale + s_ptrs, mask=mask_n[:, None], other=0.0).to(tl.float32)
+        x = tl.reshape(x, [BLOCK_N, NGS, GROUP]) * scale[:, :, None]
+        if UNIFORM:
+            zero = tl.load(Rzero + s_ptrs, mask=mask_n[:, None], other=0.0).to(tl.float32)
+            x += zero[:, :, None]
+        x = tl.reshape(x, [BLOCK_N, NCOL])
+    else:  # inside one group
+        s_ptrs = rows * stride_st + COL0 // GROUP
+        x = x * tl.load(Rscale + s_ptrs, mask=mask_n, other=0.0).to(tl.float32)[:, None]
+        if UNIFORM:
+            x += tl.load(Rzero + s_ptrs, mask=mask_n, other=0.0).to(tl.float32)[:, None]
     return x
 
 
