@@ -42,6 +42,7 @@ class EngineArgs:
     max_num_batched_tokens: int = 512  # tokens per step (decode + prefill chunks)
     max_queue_size: int = 256          # waiting requests before QueueFullError
     scheduling_policy: str = "fcfs"    # "fcfs" or "priority" (lower value first)
+    attention_backend: str = "auto"    # "auto": Triton decode kernels on CUDA; "torch": reference path
     seed: int = 0
 
 
@@ -93,7 +94,8 @@ class LLMEngine:
         self.model.setup_rotary(self.max_model_len)
         dtype = self.model.embed_tokens.weight.dtype
         self.cache = PagedKVCache(self.cfg, self.model.rotary, args.kv_format, args.kv_options,
-                                  args.kv_budget_bytes, args.max_num_seqs, dtype, args.device)
+                                  args.kv_budget_bytes, args.max_num_seqs, dtype, args.device,
+                                  args.attention_backend)
         self.stop_ids = set(self.tokenizer.stop_token_ids) | set(self.cfg.eos_token_id)
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []

@@ -29,6 +29,7 @@ class AttentionBatch:
     """The sequences of one forward step, in the order of their tokens in the flat batch."""
     seqs: list[SeqKV]
     query_lens: list[int]
+    decode_meta: dict | None = None  # tensors of a decode-only step, built once for all layers
 
 
 class BlockAllocator:
@@ -51,7 +52,8 @@ class BlockAllocator:
 
 class PagedKVCache:
     def __init__(self, cfg: ModelConfig, rotary, kv_format: str = "fp16", kv_options: dict | None = None,
-                 budget_bytes: int = 256 << 20, max_num_seqs: int = 16, dtype=torch.float32, device="cpu"):
+                 budget_bytes: int = 256 << 20, max_num_seqs: int = 16, dtype=torch.float32, device="cpu",
+                 attention_backend: str = "auto"):
         if kv_format not in FORMATS:
             raise ValueError(f"unknown kv format {kv_format!r}; choose from {sorted(FORMATS)}")
         options = dict(kv_options or {})
@@ -76,6 +78,13 @@ class PagedKVCache:
         self.allocator = BlockAllocator(num_blocks)
         self.free_slots = list(range(num_slots - 1, -1, -1))
         self.kv_format = kv_format
+        # Fused decode attention on CUDA (kernels/); the PyTorch path everywhere else and for prefill.
+        self.decode_kernel = None
+        if str(device).startswith("cuda") and attention_backend in ("auto", "triton") and kv_format == "fp16":
+            from kernels.paged_attention import paged_decode_attention
+            self.decode_kernel = paged_decode_attention
+        elif attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"attention_backend must be auto, torch or triton, not {attention_backend!r}")
 
     # ---- allocation -------------------------------------------------------------------
     def blocks_needed(self, seq: SeqKV, num_new: int) -> int:
@@ -148,6 +157,8 @@ class PagedKVCache:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                batch: AttentionBatch) -> torch.Tensor:
         """q [T, Hq, D] (rotated), k/v [T, Hkv, D] (k not rotated). Returns [T, Hq, D]."""
+        if self.decode_kernel is not None and all(n == 1 for n in batch.query_lens):
+            return self._attend_decode(layer, q, k, v, batch)
         out = torch.empty_like(q)
         start = 0
         for seq, n in zip(batch.seqs, batch.query_lens):
@@ -167,6 +178,24 @@ class PagedKVCache:
             self.write(layer, seq, k_new if self.rope_on_read else k_rot, v_new)
             start += n
         return out
+
+    def _attend_decode(self, layer, q, k, v, batch: AttentionBatch) -> torch.Tensor:
+        """One new token per sequence: write all of them at once, then the fused paged kernel."""
+        meta = batch.decode_meta
+        if meta is None:
+            dev = q.device
+            pos = torch.tensor([s.num_tokens for s in batch.seqs])
+            width = max(len(s.block_table) for s in batch.seqs)
+            tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in batch.seqs],
+                                  dtype=torch.int32)
+            meta = batch.decode_meta = {
+                "pos": pos.to(dev), "block_ids": tables[torch.arange(len(pos)), pos // self.block_size].long().to(dev),
+                "offsets": (pos % self.block_size).to(dev), "tables": tables.to(dev),
+                "seq_lens": (pos + 1).to(torch.int32).to(dev)}
+        k_rot = self.rotary.apply(k, meta["pos"])
+        self.format.write(layer, meta["block_ids"], meta["offsets"], k_rot, v)
+        return self.decode_kernel(q, self.format.k_cache[layer], self.format.v_cache[layer], meta["tables"],
+                                  meta["seq_lens"], q.shape[-1] ** -0.5)
 
     # ---- accounting -------------------------------------------------------------------
     def allocated_bytes(self) -> int:

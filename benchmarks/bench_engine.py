@@ -1,0 +1,220 @@
+"""Engine decode speed.
+
+CPU (`--cpu`): SmolLM2 greedy decode tokens/s at batch 1 against transformers `generate` in the
+same run, and aggregate tokens/s of 8 concurrent streams.
+
+GPU (`--gpu`): dummy weights of Qwen3-30B-A3B- and Mixtral-8x7B-shaped configs, decode step
+time at batch 1/8/32 and context 4k/32k, next to the memory roofline: the bytes one step must
+read (weights of attention, routers, norms, the experts the batch actually routes to, lm_head,
+and the KV cache) divided by the device-to-device copy bandwidth measured in the same run.
+
+    python benchmarks/bench_engine.py --cpu --out cpu.json
+    python benchmarks/bench_engine.py --gpu --out gpu.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import torch
+
+from backend.config import ModelConfig
+from backend.engine import EngineArgs, LLMEngine
+from backend.model import MoE, Transformer
+from backend.sampling import SamplingParams
+
+SHAPES = {
+    "qwen3-30b-a3b": dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, num_hidden_layers=48,
+                          num_attention_heads=32, num_key_value_heads=4, head_dim=128, intermediate_size=6144,
+                          moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                          rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=40960,
+                          tie_word_embeddings=False),
+    "mixtral-8x7b": dict(model_type="mixtral", vocab_size=32000, hidden_size=4096, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+                         num_local_experts=8, num_experts_per_tok=2, rms_norm_eps=1e-5, rope_theta=1e6,
+                         max_position_embeddings=40960, tie_word_embeddings=False),
+}
+
+
+# ---- CPU ------------------------------------------------------------------------------------
+def bench_cpu(max_tokens: int) -> dict:
+    import transformers
+
+    from backend.loader import default_model_path
+    prompt = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+    engine = LLMEngine(EngineArgs(kv_format="fp16", max_num_seqs=8))
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    engine.generate([prompt], SamplingParams(max_tokens=4, temperature=0))  # warm-up
+
+    def timed(fn):
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    ours_1 = max_tokens / timed(lambda: engine.generate([prompt], params))
+    prompts = [f"{prompt} Variation {i}." for i in range(8)]
+    ours_8 = 8 * max_tokens / timed(lambda: engine.generate(prompts, params))
+    path = default_model_path()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                           dtype=torch.float32).eval()
+    ids = torch.tensor([engine.tokenizer.encode(prompt)])
+    with torch.inference_mode():
+        hf.generate(ids, max_new_tokens=4, do_sample=False)
+        hf_1 = max_tokens / timed(lambda: hf.generate(ids, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                                                      do_sample=False))
+    return {"threads": torch.get_num_threads(), "max_tokens": max_tokens,
+            "transformers_tok_s": hf_1, "ours_tok_s": ours_1, "speedup_vs_transformers": ours_1 / hf_1,
+            "ours_8_streams_tok_s": ours_8, "aggregate_over_single": ours_8 / ours_1}
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy, read + write bytes per second (the H200 README's definition)."""
+    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        b.copy_(a)
+    end.record()
+    torch.cuda.synchronize()
+    return 2 * nbytes * 10 / (start.elapsed_time(end) / 1e3)
+
+
+class ExpertCounter:
+    """Counts the distinct experts the MoE layers run in a step (what the step must read).
+    Enabled only for an untimed step: it routes a second time."""
+
+    def __init__(self, model):
+        self.unique, self.enabled = 0, False
+        for m in model.modules():
+            if isinstance(m, MoE):
+                m.register_forward_hook(self.hook)
+
+    def hook(self, module, inputs, output):
+        if self.enabled:
+            _, ids = module.route(inputs[0])
+            self.unique += ids.unique().numel()
+
+
+def step_bytes(engine: LLMEngine, unique_experts: int, batch: int, context: int) -> int:
+    cfg, model = engine.cfg, engine.model
+    elt = model.embed_tokens.weight.element_size()
+    expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size * elt
+    non_expert = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
+                     if not n.split(".")[-1].startswith("w_") and "embed_tokens" not in n)
+    kv = batch * context * engine.cache.baseline_bytes_per_token()
+    return non_expert + unique_experts * expert + batch * cfg.hidden_size * elt + kv
+
+
+def weight_bytes(cfg: dict, elt: int = 2) -> int:
+    with torch.device("meta"):
+        model = Transformer(ModelConfig.from_hf(cfg))
+    return sum(p.numel() for p in model.parameters()) * elt
+
+
+def bench_gpu(shapes, batches, contexts, steps: int) -> list[dict]:
+    rows = []
+    bw = copy_bandwidth()
+    for name in shapes:
+        folder = tempfile.mkdtemp()
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump(SHAPES[name], f)
+        weights = weight_bytes(SHAPES[name])
+        budget = torch.cuda.mem_get_info()[0] - weights - (6 << 30)  # headroom for activations
+        engine = LLMEngine(EngineArgs(model=folder, load_format="dummy", tokenizer="default", device="cuda",
+                                      kv_format="fp16", kv_budget_bytes=budget, max_num_seqs=64,
+                                      max_num_batched_tokens=8192, max_model_len=40960))
+        counter = ExpertCounter(engine.model)
+        for batch in batches:
+            for context in contexts:
+                row = {"model": name, "batch": batch, "context": context, "weights_gb": weights / 1e9}
+                try:
+                    row.update(run_decode(engine, counter, batch, context, steps, bw))
+                except (torch.OutOfMemoryError, MemoryError, ValueError) as e:
+                    row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
+                    for rid in list(engine.requests):
+                        engine.abort(rid)
+                    torch.cuda.empty_cache()
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+        del engine, counter
+        torch.cuda.empty_cache()
+    for r in rows:
+        r["copy_bw_gb_s"] = bw / 1e9
+    return rows
+
+
+def run_decode(engine: LLMEngine, counter: ExpertCounter, batch: int, context: int, steps: int, bw: float) -> dict:
+    """Decode steps of `batch` sequences that each hold `context` cached tokens (synthetic KV)."""
+    cache = engine.cache
+    params = SamplingParams(max_tokens=steps + 4, temperature=0, ignore_eos=True)
+    rids = []
+    for i in range(batch):
+        rid = engine.add_request(None, SamplingParams(**vars(params)), prompt_ids=[1] * context)
+        seq = engine.requests[rid]
+        cache.allocate(seq.kv, context - 1)   # the prompt's KV "already computed": skip the prefill
+        seq.kv.num_tokens = context - 1
+        rids.append(rid)
+    engine.waiting, engine.running = [], [engine.requests[r] for r in rids]
+    for _ in range(3):
+        engine.step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        engine.step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    counter.unique, counter.enabled = 0, True
+    engine.step()
+    counter.enabled = False
+    unique = counter.unique
+    for r in rids:
+        engine.abort(r)
+    step_s = sorted(times)[len(times) // 2]
+    nbytes = step_bytes(engine, unique, batch, context)
+    return {"step_ms": step_s * 1e3, "tok_s": batch / step_s, "bytes_per_step_gb": nbytes / 1e9,
+            "roofline_ms": nbytes / bw * 1e3, "gap": step_s / (nbytes / bw),
+            "unique_experts_per_step": unique}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cpu", action="store_true")
+    ap.add_argument("--gpu", action="store_true")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--models", default="qwen3-30b-a3b,mixtral-8x7b")
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--contexts", default="4096,32768")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    result = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__}
+    if args.cpu:
+        result["cpu"] = bench_cpu(args.max_tokens)
+        print(json.dumps(result["cpu"], indent=1))
+    if args.gpu:
+        result["device"] = torch.cuda.get_device_name()
+        result["gpu"] = bench_gpu(args.models.split(","), [int(b) for b in args.batches.split(",")],
+                                  [int(c) for c in args.contexts.split(",")], args.steps)
+        print(f"{'model':15} {'B':>3} {'ctx':>6} {'step ms':>9} {'roofline ms':>11} {'gap':>6}")
+        for r in result["gpu"]:
+            if "error" in r:
+                print(f"{r['model']:15} {r['batch']:>3} {r['context']:>6}  {r['error']}")
+            else:
+                print(f"{r['model']:15} {r['batch']:>3} {r['context']:>6} {r['step_ms']:9.2f} "
+                      f"{r['roofline_ms']:11.2f} {r['gap']:6.2f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
