@@ -292,6 +292,16 @@ def render_markdown(summary: dict) -> str:
             lines.append(f"| {c['users']} | {o['requests']} | {_f(o['ttft_ms']['p50'])} | {_f(o['ttft_ms']['p99'])} | "
                          + " | ".join(_f(o['itl_ms'][f'p{p}']) for p in metrics.PERCENTILES)
                          + f" | {_f(o['tpot_ms']['p50'])} | {_f(o['output_throughput_tok_s'])} |")
+        if len(summary["tenants"]) > 1:
+            lines += ["", "Per tenant:", "",
+                      "| users | tenant | requests | TTFT p50 | ITL p50 | ITL p90 | ITL p99 | TPOT p50 | TPOT p90 | output tok/s |",
+                      "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            for c in summary["by_concurrency"]:
+                for name, t in c["tenants"].items():
+                    lines.append(f"| {c['users']} | {name} | {t['requests']} | {_f(t['ttft_ms']['p50'])} | "
+                                 f"{_f(t['itl_ms']['p50'])} | {_f(t['itl_ms']['p90'])} | {_f(t['itl_ms']['p99'])} | "
+                                 f"{_f(t['tpot_ms']['p50'])} | {_f(t['tpot_ms']['p90'])} | "
+                                 f"{_f(t['output_throughput_tok_s'])} |")
     if "arrivals" in summary:
         a = summary["arrivals"]
         lag = a["schedule_lag_ms"]

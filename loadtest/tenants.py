@@ -11,6 +11,7 @@
           source: synthetic       # synthetic | file
           words: {dist: uniform, min: 16, max: 48}    # or an int; synthetic prompts only
           prefix: "Answer briefly: "
+          # key: shared            # tenants with the same key get the same prompt sequence (A/B runs)
           # path: prompts.jsonl   # source: file; .jsonl ({"prompt"|"text": ...}) or .txt (one per line)
         max_tokens: 16            # or a distribution, like words
         sampling: {temperature: 0}
@@ -35,7 +36,7 @@ PROTOCOLS = ("grpc", "http")
 
 _TENANT_KEYS = {"name", "weight", "fixed_count", "model", "protocol", "prompt", "max_tokens", "sampling", "slo",
                 "think_time_s"}
-_PROMPT_KEYS = {"source", "words", "prefix", "path"}
+_PROMPT_KEYS = {"source", "words", "prefix", "path", "key"}
 _SLO_KEYS = {"ttft_ms", "tpot_ms", "e2e_ms"}
 
 # A plain vocabulary for synthetic prompts: ordinary words, so a BPE tokenizer sees ~1.2-1.4 tokens/word.
@@ -112,6 +113,7 @@ class PromptSource:
     prefix: str = ""
     path: str | None = None
     items: tuple[str, ...] = ()  # prompts loaded from `path`
+    key: str | None = None  # names the prompt sequence (default: the tenant name)
 
 
 def _load_prompt_file(path: Path) -> tuple[str, ...]:
@@ -152,11 +154,12 @@ class Tenant:
 
     def request(self, k: int) -> tuple[str, int, int]:
         """Prompt number `k` of this tenant: (prompt text, max_tokens, prompt words). Deterministic."""
-        rng = random.Random(f"{self.seed}/{self.name}/{k}")
         p = self.prompt
+        key = p.key or self.name
+        rng = random.Random(f"{self.seed}/{key}/{k}")
         if p.source == "file":
             order = list(range(len(p.items)))
-            random.Random(f"{self.seed}/{self.name}/order").shuffle(order)
+            random.Random(f"{self.seed}/{key}/order").shuffle(order)
             text = p.prefix + p.items[order[k % len(order)]]
         else:
             n = max(1, p.words.sample(rng))
@@ -185,7 +188,7 @@ class TenantsConfig:
             "tenants": [{"name": t.name, "model": t.model, "protocol": t.protocol, "weight": t.weight,
                          "fixed_count": t.fixed_count, "max_tokens": vars(t.max_tokens),
                          "prompt": {"source": t.prompt.source, "words": vars(t.prompt.words),
-                                    "prefix": t.prompt.prefix, "path": t.prompt.path},
+                                    "prefix": t.prompt.prefix, "path": t.prompt.path, "key": t.prompt.key},
                          "sampling": t.sampling, "slo": t.slo, "think_time_s": list(t.think_time_s)}
                         for t in self.tenants],
         }
@@ -231,10 +234,10 @@ def parse_tenants(doc: dict, base_dir: Path | None = None, seed: int | None = No
             ppath = Path(pspec["path"])
             ppath = ppath if ppath.is_absolute() else base_dir / ppath
             prompt = PromptSource("file", prefix=pspec.get("prefix", ""), path=str(ppath),
-                                  items=_load_prompt_file(ppath))
+                                  items=_load_prompt_file(ppath), key=pspec.get("key"))
         elif source == "synthetic":
             words = Dist.parse(pspec.get("words", {"dist": "uniform", "min": 16, "max": 48}), f"{what} prompt.words")
-            prompt = PromptSource("synthetic", words=words, prefix=pspec.get("prefix", ""))
+            prompt = PromptSource("synthetic", words=words, prefix=pspec.get("prefix", ""), key=pspec.get("key"))
         else:
             raise ValueError(f"{what}: prompt source must be 'synthetic' or 'file', got {source!r}")
         slo = dict(spec.get("slo") or {})

@@ -421,11 +421,18 @@ SHAPES_CHECK = textwrap.dedent("""
     o = parse_options(["-f", locustfile.__file__, "-u", "5", "-t", "20", "--shape", "poisson", "--rate", "0.5"])
     poisson = shapes.shape_from_options(o)
     classes = locustfile.user_classes(locustfile.load_config(o))
+    # docker-compose.yml's Locust commands parse with this locustfile's options
+    import yaml
+    services = yaml.safe_load(open("docker-compose.yml"))["services"]
+    compose = {name: vars(parse_options(services[name]["command"][1:]))
+               for name in ("locust-master", "locust-worker")}
     print(json.dumps({
         "steps": steps, "fixed": ticks(fixed, [0, 59, 60]), "poisson": ticks(poisson, [0, 20]),
         "poisson_plan": poisson.plan(), "duration": shapes.parse_duration("1m30s"),
         "classes": [(c.__name__, c.protocol, c.weight, c.arrival_share) for c in classes],
         "grpc": locustfile.default_grpc_url("http://example:8000"),
+        "compose": {n: {k: o[k] for k in ("master", "worker", "grpc_url", "out_dir", "tenants")}
+                    for n, o in compose.items()},
     }))
 """)
 
@@ -440,3 +447,28 @@ def test_shapes_and_locust_options_in_a_child_process():
     assert r["duration"] == 90.0
     assert r["classes"] == [["chat", "grpc", 1, 0.5], ["summarize", "http", 1, 0.5]]
     assert r["grpc"] == "example:8001"
+    master, worker = r["compose"]["locust-master"], r["compose"]["locust-worker"]
+    assert master["master"] and master["grpc_url"] and master["out_dir"].startswith("reports")
+    assert worker["worker"] and worker["tenants"].endswith("tenants.yaml")
+
+
+def test_shared_prompt_key_and_kv_benchmark_repository(tmp_path):
+    from loadtest.kv_benchmark import build_repository, variant_config
+
+    cfg = load_tenants(REPO / "loadtest" / "tenants_kv.yaml")
+    fp16, alrkvd = cfg.tenants
+    assert (fp16.model, alrkvd.model) == ("smollm2_fp16", "smollm2_alrkvd")
+    assert [fp16.request(k) for k in range(10)] == [alrkvd.request(k) for k in range(10)]
+    base = (REPO / "model_repository" / "smollm2" / "config.pbtxt").read_text()
+    text = variant_config(base, "smollm2_alrkvd", "alrkvd")
+    assert 'name: "smollm2_alrkvd"' in text and 'string_value: "alrkvd"' in text
+    same = [a == b for a, b in zip(base.splitlines(), text.splitlines())]
+    assert len(text.splitlines()) == len(base.splitlines())
+    for line, unchanged in zip(text.splitlines(), same):  # only the name and kv_format lines differ
+        assert unchanged or line.startswith("name:") or '"kv_format"' in line, line
+    repo = build_repository(["smollm2_fp16", "smollm2_alrkvd"], tmp_path)
+    for m in ("smollm2_fp16", "smollm2_alrkvd"):
+        assert (repo / m / "1" / "model.py").is_file()
+        assert f'name: "{m}"' in (repo / m / "config.pbtxt").read_text()
+    with pytest.raises(SystemExit):
+        build_repository(["nomodel_fp16"], tmp_path / "x")
