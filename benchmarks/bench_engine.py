@@ -43,7 +43,7 @@ SHAPES = {
 def bench_cpu(max_tokens: int) -> dict:
     import transformers
 
-    from backend.loader import default_model_path
+    from backend.tokenizer import default_model_path
     prompt = "Write a short story about a lighthouse keeper who finds a message in a bottle."
     engine = LLMEngine(EngineArgs(kv_format="fp16", max_num_seqs=8))
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)

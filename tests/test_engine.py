@@ -6,7 +6,7 @@ import torch
 import transformers
 
 from backend.engine import EngineArgs, LLMEngine
-from backend.loader import default_model_path
+from backend.tokenizer import default_model_path
 from backend.sampling import SamplingParams
 
 # float32 everywhere on CPU: our kernels and transformers' differ only in summation order.
