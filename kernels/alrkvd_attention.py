@@ -86,8 +86,9 @@ class AlrkvdLayer:
         """Views of `backend.kv_formats.ALRKVDFormat` storage for `layer`."""
         from backend.kv_formats import gauss_codebook
         o = fmt.options
-        if o["latent_bits"] != 8 or o["basis_bits"] != 8 or o["rank_budget"] <= 0:
-            raise NotImplementedError("the ALR-KVD kernel reads latent_bits=8, basis_bits=8, rank_budget>0")
+        if o["latent_bits"] != 8 or o["basis_bits"] != 8 or o["rank_budget"] <= 0 or o.get("scale_bits", 16) != 16:
+            raise NotImplementedError("the ALR-KVD kernel reads latent_bits=8, basis_bits=8, rank_budget>0, "
+                                      "scale_bits=16")
         gauss = o["codebook"] == "gauss"
         levels = (lambda bits: gauss_codebook(bits).to(fmt.device)) if gauss else (lambda bits: None)
         rot = getattr(fmt, "_rot", None)

