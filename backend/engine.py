@@ -31,7 +31,7 @@ class QueueFullError(RuntimeError):
 class EngineArgs:
     model: str = "default"             # "default" (SmolLM2 GGUF), a .gguf file, or a HF folder
     load_format: str = "auto"          # "auto" or "dummy" (random weights from config.json)
-    tokenizer: str | None = None       # defaults to the model source
+    tokenizer: str | None = None       # defaults to the model source; "none": token ids only (benchmarks)
     device: str = "cpu"
     dtype: str = "auto"                # float32 on CPU, bfloat16 on CUDA
     kv_format: str = "fp16"
@@ -44,6 +44,9 @@ class EngineArgs:
     scheduling_policy: str = "fcfs"    # "fcfs" or "priority" (lower value first)
     attention_backend: str = "auto"    # "auto": Triton decode kernels on CUDA; "torch": reference path
     seed: int = 0
+    expert_budget_bytes: int | None = None  # device bytes for routed experts, streamed from host; None: all resident
+    expert_prefetch: int = 1           # MoE layers ahead whose experts are prefetched (pre-gating); 0: on demand only
+    expert_policy: str = "lru"         # expert cache eviction: "lru" or "lfu"
 
 
 @dataclass
@@ -87,16 +90,18 @@ class LLMEngine:
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', not {args.scheduling_policy!r}")
         self.args = args
         torch.manual_seed(args.seed)
-        self.model = load_model(args.model, args.load_format, args.device, args.dtype, args.seed)
+        self.model = load_model(args.model, args.load_format, args.device, args.dtype, args.seed,
+                                args.expert_budget_bytes, args.expert_prefetch, args.expert_policy)
         self.cfg = self.model.cfg
-        self.tokenizer = Tokenizer.load(args.tokenizer or args.model)
+        # "none" (like vLLM's skip_tokenizer_init): prompts are token ids and outputs carry no text
+        self.tokenizer = None if args.tokenizer == "none" else Tokenizer.load(args.tokenizer or args.model)
         self.max_model_len = args.max_model_len or self.cfg.max_position_embeddings
         self.model.setup_rotary(self.max_model_len)
         dtype = self.model.embed_tokens.weight.dtype
         self.cache = PagedKVCache(self.cfg, self.model.rotary, args.kv_format, args.kv_options,
                                   args.kv_budget_bytes, args.max_num_seqs, dtype, args.device,
                                   args.attention_backend)
-        self.stop_ids = set(self.tokenizer.stop_token_ids) | set(self.cfg.eos_token_id)
+        self.stop_ids = set(self.tokenizer.stop_token_ids if self.tokenizer else ()) | set(self.cfg.eos_token_id)
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.requests: dict[str, Sequence] = {}
@@ -105,6 +110,8 @@ class LLMEngine:
 
     # ---- requests -----------------------------------------------------------------------
     def tokenize(self, prompt) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this engine has no tokenizer (tokenizer='none'): pass prompt_ids")
         if isinstance(prompt, list):  # chat messages
             prompt = self.tokenizer.apply_chat_template(prompt)
         if not isinstance(prompt, str) or not prompt:
@@ -123,7 +130,7 @@ class LLMEngine:
         if blocks > self.cache.allocator.num_blocks:
             raise ValueError(f"prompt needs {blocks} KV blocks; the cache holds {self.cache.allocator.num_blocks}")
         params.validate(self.cfg.vocab_size)
-        seq = Sequence(request_id, ids, params, IncrementalDetokenizer(self.tokenizer, ids), priority,
+        seq = Sequence(request_id, ids, params, IncrementalDetokenizer(self.tokenizer, ids) if self.tokenizer else None, priority,
                        self.max_model_len)
         self.requests[request_id] = seq
         self.waiting.append(seq)
@@ -217,7 +224,7 @@ class LLMEngine:
         if token in p.stop_token_ids or (token in self.stop_ids and not p.ignore_eos):
             seq.finish_reason = "stop"
         else:
-            seq.text += seq.detok.step(token)
+            seq.text += seq.detok.step(token) if seq.detok else ""
             for s in p.stop:
                 idx = seq.text.find(s, max(0, len(seq.text) - len(s) - 32))
                 if idx >= 0:
@@ -293,6 +300,7 @@ class LLMEngine:
             "kv_tokens": tokens,
             "kv_bytes_per_token": used / tokens if tokens else nominal,
             "compression": cache["baseline_bytes_per_token"] / (used / tokens if tokens else nominal),
+            **(self.model.expert_cache.stats() if hasattr(self.model, "expert_cache") else {}),
         }
 
 

@@ -45,10 +45,9 @@ def load_model(source: str = "default", load_format: str = "auto", device="cpu",
         state = None if load_format == "dummy" else read_safetensors(path)
     with torch.device("meta"):
         model = Transformer(cfg)
-    if state is None:
-        model.to_empty(device=device)
+    if state is None:  # cast on the meta device first: a big model never exists in float32
+        model = model.to(torch_dtype).to_empty(device=device)
         init_dummy(model, seed)
-        model.to(torch_dtype)
         if expert_budget_bytes is not None:
             attach_expert_streaming(model, expert_budget_bytes, expert_prefetch, expert_policy, device)
     else:

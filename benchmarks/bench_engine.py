@@ -128,7 +128,7 @@ def bench_gpu(shapes, batches, contexts, steps: int) -> list[dict]:
             json.dump(SHAPES[name], f)
         weights = weight_bytes(SHAPES[name])
         budget = torch.cuda.mem_get_info()[0] - weights - (6 << 30)  # headroom for activations
-        engine = LLMEngine(EngineArgs(model=folder, load_format="dummy", tokenizer="default", device="cuda",
+        engine = LLMEngine(EngineArgs(model=folder, load_format="dummy", tokenizer="none", device="cuda",
                                       kv_format="fp16", kv_budget_bytes=budget, max_num_seqs=64,
                                       max_num_batched_tokens=8192, max_model_len=40960))
         counter = ExpertCounter(engine.model)
@@ -163,14 +163,15 @@ def run_decode(engine: LLMEngine, counter: ExpertCounter, batch: int, context: i
         seq.kv.num_tokens = context - 1
         rids.append(rid)
     engine.waiting, engine.running = [], [engine.requests[r] for r in rids]
+    sync = torch.cuda.synchronize if engine.args.device.startswith("cuda") else (lambda: None)
     for _ in range(3):
         engine.step()
-    torch.cuda.synchronize()
+    sync()
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
         engine.step()
-        torch.cuda.synchronize()
+        sync()
         times.append(time.perf_counter() - t0)
     counter.unique, counter.enabled = 0, True
     engine.step()
