@@ -37,7 +37,8 @@ import triton
 import triton.language as tl
 
 from kernels.paged_attention import (
-    LOG2E, attend_ref, check_decode_inputs, decode_reduce, default_num_splits, dot_dtype, _group_block,
+    LOG2E, _group_block, attend_ref, check_decode_inputs, decode_reduce, default_num_splits, dot_dtype,
+    softmax_update, store_partial,
 )
 from kernels.tuning import get_config
 
@@ -208,15 +209,6 @@ def _cos_sin(pos0, cos_j, sin_j, Inv_freq_ptrs):
     return c0 * cos_j - s0 * sin_j, s0 * cos_j + c0 * sin_j
 
 
-@triton.jit
-def _softmax_update(s, mask_n, m_i, l_i):
-    s = tl.where(mask_n[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
-
-
 # ----------------------------------------------------------------------------------------------
 # Stage 1
 # ----------------------------------------------------------------------------------------------
@@ -306,7 +298,7 @@ def _alrkvd_decode_stage1(
             r1, r2 = _rope(k1, k2, cos, sin)
             s = tl.dot(q1, tl.trans(r1.to(tl.float16).to(DOT_DTYPE)))
             s += tl.dot(q2, tl.trans(r2.to(tl.float16).to(DOT_DTYPE)))
-            p, alpha, m_i, l_i = _softmax_update(s * qk_scale, mask_n, m_i, l_i)
+            p, alpha, m_i, l_i = softmax_update(s * qk_scale, mask_n, m_i, l_i)
             v = tl.load(Window_v + rows[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16).to(DOT_DTYPE), v.to(tl.float16).to(DOT_DTYPE))
     else:
@@ -381,7 +373,7 @@ def _alrkvd_decode_stage1(
                 r1, r2 = _rope(k1, k2, cos, sin)
                 s = tl.dot(q1, tl.trans(r1.to(tl.float16).to(DOT_DTYPE)))
                 s += tl.dot(q2, tl.trans(r2.to(tl.float16).to(DOT_DTYPE)))
-                p, alpha, m_i, l_i = _softmax_update(s * qk_scale, mask_n, m_i, l_i)
+                p, alpha, m_i, l_i = softmax_update(s * qk_scale, mask_n, m_i, l_i)
                 p16 = p.to(tl.float16).to(DOT_DTYPE)
 
                 # -- values: latents accumulated per block, the residual in the rotated space
@@ -403,13 +395,8 @@ def _alrkvd_decode_stage1(
         else:
             acc += acc_rot
 
-    # -- partial output and its log2-sum-exp2 (an empty split stores 0 and -inf)
-    nonempty = l_i > 0
-    l_safe = tl.where(nonempty, l_i, 1.0)
-    lse = tl.where(nonempty, m_i + tl.log2(l_safe), float("-inf"))
-    mo_ptrs = Mid_o + pid_b * stride_mob + heads[:, None] * stride_moh + pid_s * stride_mos + offs_d[None, :]
-    tl.store(mo_ptrs, acc / l_safe[:, None], mask=mask_g[:, None])
-    tl.store(Mid_lse + pid_b * stride_mlb + heads * stride_mlh + pid_s, lse, mask=mask_g)
+    store_partial(Mid_o + pid_b * stride_mob + pid_s * stride_mos, Mid_lse + pid_b * stride_mlb + pid_s,
+                  acc, m_i, l_i, heads, offs_d, mask_g, offs_d < HEAD_DIM, stride_moh, stride_mlh)
 
 
 # ----------------------------------------------------------------------------------------------

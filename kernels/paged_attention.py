@@ -42,6 +42,28 @@ MAX_SPLITS = 64
 # Stage 1: partial attention of one (sequence, kv head, split)
 # ----------------------------------------------------------------------------------------------
 @triton.jit
+def softmax_update(s, mask_n, m_i, l_i):
+    """Online softmax step over a tile of scores s [BLOCK_G, BLOCK_N] (log2 units; columns outside
+    mask_n ignored): returns the tile's weights p, the rescale alpha of the running sums, m and l."""
+    s = tl.where(mask_n[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def store_partial(Mid_o_row, Mid_lse_row, acc, m_i, l_i, heads, offs_d, mask_g, mask_d, stride_moh, stride_mlh):
+    """Store a split's normalised partial output and its log2-sum-exp2 (an empty split: 0 and -inf)."""
+    nonempty = l_i > 0
+    l_safe = tl.where(nonempty, l_i, 1.0)
+    lse = tl.where(nonempty, m_i + tl.log2(l_safe), float("-inf"))
+    tl.store(Mid_o_row + heads[:, None] * stride_moh + offs_d[None, :], acc / l_safe[:, None],
+             mask=mask_g[:, None] & mask_d[None, :])
+    tl.store(Mid_lse_row + heads * stride_mlh, lse, mask=mask_g)
+
+
+@triton.jit
 def _paged_decode_stage1(
     # Pointers to tensors
     Q, K_cache, V_cache, Block_tables, Seq_lens, Mid_o, Mid_lse,
@@ -109,21 +131,11 @@ def _paged_decode_stage1(
 
         # -- online softmax over the tile, all query heads of the group at once
         s = tl.dot(q, tl.trans(k.to(DOT_DTYPE))) * qk_scale  # [BLOCK_G, BLOCK_N] fp32, log2 units
-        s = tl.where(mask_n[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_i, l_i = softmax_update(s, mask_n, m_i, l_i)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype).to(DOT_DTYPE), v.to(DOT_DTYPE))
-        m_i = m_new
 
-    # -- partial output and its log2-sum-exp2 (an empty split stores 0 and -inf)
-    nonempty = l_i > 0
-    l_safe = tl.where(nonempty, l_i, 1.0)
-    lse = tl.where(nonempty, m_i + tl.log2(l_safe), float("-inf"))
-    mo_ptrs = Mid_o + pid_b * stride_mob + heads[:, None] * stride_moh + pid_s * stride_mos + offs_d[None, :]
-    tl.store(mo_ptrs, acc / l_safe[:, None], mask=mask_g[:, None] & mask_d[None, :])
-    tl.store(Mid_lse + pid_b * stride_mlb + heads * stride_mlh + pid_s, lse, mask=mask_g)
+    store_partial(Mid_o + pid_b * stride_mob + pid_s * stride_mos, Mid_lse + pid_b * stride_mlb + pid_s,
+                  acc, m_i, l_i, heads, offs_d, mask_g, mask_d, stride_moh, stride_mlh)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ def make_block_tables(seq_lens: list[int], block_size: int, num_blocks: int,
     return table
 
 
-def build_alrkvd_case(k_blocks, v_blocks, window_k, window_v, num_heads_q: int, generator: torch.Generator,
+def build_alrkvd_case(k_blocks, v_blocks, window_k, window_v, generator: torch.Generator,
                       rope_theta: float = 10000.0, num_slots: int | None = None, **options):
     """A one-layer ALR-KVD cache (backend.kv_formats) holding given sequences, and the kernel's inputs.
 

@@ -49,7 +49,7 @@ def _random_case(lengths, num_kv_heads, gqa, head_dim, block_size, seed, **optio
                    for _ in range(closed)])
         wk.append(random_kv((rest, num_kv_heads, head_dim), torch.float16, gen))
         wv.append(random_kv((rest, num_kv_heads, head_dim), torch.float16, gen, channel_outliers=0))
-    case = build_alrkvd_case(kb, vb, wk, wv, num_kv_heads * gqa, gen, block_size=block_size, **options)
+    case = build_alrkvd_case(kb, vb, wk, wv, gen, block_size=block_size, **options)
     q = random_kv((len(lengths), num_kv_heads * gqa, head_dim), torch.float16, gen)
     return q, case
 
@@ -124,7 +124,7 @@ def test_smollm2_keys_values(layer):
         vb.append([v[i * T:(i + 1) * T] for i in range(closed)])
         wk.append(k[closed * T:n])
         wv.append(v[closed * T:n])
-    case = build_alrkvd_case(kb, vb, wk, wv, q_pre.shape[1], gen, rope_theta=data["rope_theta"], block_size=T,
+    case = build_alrkvd_case(kb, vb, wk, wv, gen, rope_theta=data["rope_theta"], block_size=T,
                              rank_per_head=8.0)
     # the query of the token at position n - 1, rotated there
     from kernels.alrkvd_attention import rope_ref
