@@ -158,27 +158,49 @@ def dequant_asym(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> to
     return q.float() * scale.float() + zero.float()
 
 
-def quant_gauss(x: torch.Tensor, bits: int, dim: int, search: tuple[float, ...] = (0.8, 0.9, 1.0, 1.12, 1.25)):
+def quant_gauss(x: torch.Tensor, bits: int, dim: int, search: tuple[float, ...] = (0.8, 0.9, 1.0, 1.12, 1.25),
+                scale_round: Callable[[torch.Tensor], torch.Tensor] | None = None):
     """Symmetric non-uniform quantization on the Gaussian Lloyd-Max levels, scale per group over ``dim``
-    (the group RMS times the best of a few factors, MSE-optimal per group), rounded to fp16 first."""
+    (the group RMS times the best of a few factors, MSE-optimal per group).  ``scale_round`` maps a float
+    scale to the value actually stored (default: fp16 rounding); the search runs on the rounded scales.
+    Returns (codes int32, rounded scale float32)."""
     lv = gauss_codebook(bits).to(x.device)
     edges = (lv[1:] + lv[:-1]) / 2
+    rnd = scale_round or (lambda t: t.to(torch.float16).float())
     rms = x.pow(2).mean(dim=dim, keepdim=True).sqrt().clamp_min(1e-8)
     best_err = None
     best_q = best_s = None
     for f in search:
-        s = (rms * f).to(torch.float16)
-        sf = s.float().clamp_min(1e-8)
+        sf = rnd(rms * f).clamp_min(1e-8)
         q = torch.bucketize((x / sf).contiguous(), edges).to(torch.int32)
         err = (lv[q] * sf - x).pow(2).sum(dim=dim, keepdim=True)
         if best_err is None:
-            best_err, best_q, best_s = err, q, s
+            best_err, best_q, best_s = err, q, sf
         else:
             m = err < best_err
             best_err = torch.where(m, err, best_err)
-            best_s = torch.where(m, s, best_s)
+            best_s = torch.where(m, sf, best_s)
             best_q = torch.where(m, q, best_q)
     return best_q, best_s
+
+
+LOG_SCALE_STEPS = 16   # 8-bit log scales: scale = base * 2 ** (-code / 16), code in 0..255
+
+
+def log_scale_base(max_scale: torch.Tensor) -> torch.Tensor:
+    """fp16 base (rounded up) so that every scale <= max_scale has a code >= 0."""
+    b = max_scale.clamp_min(1e-6).to(torch.float16)
+    return torch.where(b.float() < max_scale, torch.nextafter(b, torch.full_like(b, 65504.0)), b)
+
+
+def log_scale_round(s: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    code = log_scale_code(s, base)
+    return base.float() * torch.exp2(-code.float() / LOG_SCALE_STEPS)
+
+
+def log_scale_code(s: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    r = torch.log2(base.float() / s.clamp_min(1e-30))
+    return torch.round(r * LOG_SCALE_STEPS).clamp_(0, 255).to(torch.uint8)
 
 
 def dequant_gauss(q: torch.Tensor, scale: torch.Tensor, bits: int) -> torch.Tensor:
@@ -466,8 +488,10 @@ class ALRKVDFormat(KVFormat):
         "v_bits": (int, 2),
         "group": (int, 64),              # residual scale group (channels of one token)
         "codebook": (str, "gauss"),      # gauss | uniform
+        "scale_bits": (int, 16),         # residual scales: 16 (fp16) or 8 (log2 steps of 1/16 under a per-block fp16 base)
         "rotate": (_to_bool, True),      # randomized Hadamard on the residual
         "seed": (int, 1234),
+        "exact_tokens": (int, 0),        # per block, the tokens with the largest residual energy kept exactly (fp16)
     }
 
     def _validate(self):
@@ -488,6 +512,8 @@ class ALRKVDFormat(KVFormat):
             raise ValueError("codebook must be gauss or uniform")
         if o["codebook"] == "gauss" and max(o["k_bits"], o["v_bits"]) > 6:
             raise ValueError("gauss codebook supports up to 6 bits")
+        if o["scale_bits"] not in (8, 16) or (o["scale_bits"] == 8 and o["codebook"] != "gauss"):
+            raise ValueError("scale_bits must be 16, or 8 with the gauss codebook")
         if D % o["group"] or D % 8 or T % 8:
             raise ValueError("group must divide head_dim; head_dim and block_size must be multiples of 8")
 
@@ -508,14 +534,35 @@ class ALRKVDFormat(KVFormat):
         uni = o["codebook"] == "uniform"
         for kv, bits in (("k", o["k_bits"]), ("v", o["v_bits"])):
             self._alloc(f"{kv}_resid", (T, H, packed_len(D, bits)), torch.uint8)
-            self._alloc(f"{kv}_rscale", (T, H, G), torch.float16)
+            if o["scale_bits"] == 8:
+                self._alloc(f"{kv}_rscale", (T, H, G), torch.uint8)
+                self._alloc(f"{kv}_rbase", (H,), torch.float16)
+            else:
+                self._alloc(f"{kv}_rscale", (T, H, G), torch.float16)
             if uni:
                 self._alloc(f"{kv}_rzero", (T, H, G), torch.float16)
+        if o["exact_tokens"]:
+            n = o["exact_tokens"]
+            self._alloc("exact_idx", (n,), torch.int16)
+            self._alloc("exact_k", (n, H, D), torch.float16)
+            self._alloc("exact_v", (n, H, D), torch.float16)
         self._rot = rotation_matrix(D, o["seed"]).to(self.device) if o["rotate"] else None
         self._head_tilt = torch.ones(self.num_layers, 2 * H)
 
     def _raise_r(self):
         raise ValueError("rank_budget must be a multiple of 8 when latent_bits < 8")
+
+    LLOYD_MAX_DISTORTION = {1: 0.3634, 2: 0.1175, 3: 0.03454, 4: 0.009497, 5: 0.002499, 6: 0.0006642}
+
+    @classmethod
+    def relative_error_bound(cls, bits: int) -> float:
+        """Stated bound on ||X_s - X_hat_s||_F / ||X_s||_F for one stream (head) of one block: the residual
+        quantizer's relative error, 1.4 x sqrt(Lloyd-Max distortion of a unit Gaussian at ``bits``) (the
+        rotation makes the residual near-Gaussian; the per-group scale search keeps it near the optimum;
+        latent and basis quantization errors are absorbed by the residual, whose energy is at most the
+        stream's).  Uniform codebooks and 7-8 bits use the same form with the uniform quantizer's error."""
+        d = cls.LLOYD_MAX_DISTORTION.get(bits, 0.0006642 / 4 ** (bits - 6))
+        return 1.4 * math.sqrt(d)
 
     # -- rank allocation ---------------------------------------------------------------------------------
     def set_head_tilt(self, layer: int, weights: torch.Tensor) -> None:
@@ -552,25 +599,44 @@ class ALRKVDFormat(KVFormat):
 
     # -- encode / decode ----------------------------------------------------------------------------------
     def _quant_resid(self, e: torch.Tensor, bits: int):
-        """e: [T, H, D] -> codes [T, H, D], scale [T, H, G] (, zero)."""
+        """e: [T, H, D] -> codes [T, H, D], stored scale [T, H, G] (fp16, or uint8 log codes), zero or None,
+        base [H] (8-bit scales) or None."""
         T, H, D = e.shape
         g = self.options["group"]
         x = e.reshape(T, H, D // g, g)
         if self.options["codebook"] == "gauss":
+            if self.options["scale_bits"] == 8:
+                rms = x.pow(2).mean(-1, keepdim=True).sqrt()
+                base = log_scale_base(rms.amax(dim=(0, 2, 3)) * 1.25)                  # [H] fp16
+                bb = base.view(1, H, 1, 1)
+                q, s = quant_gauss(x, bits, dim=-1, scale_round=lambda t: log_scale_round(t, bb))
+                return q.reshape(T, H, D), log_scale_code(s, bb)[..., 0], None, base
             q, s = quant_gauss(x, bits, dim=-1)
-            return q.reshape(T, H, D), s[..., 0], None
+            return q.reshape(T, H, D), s[..., 0].to(torch.float16), None, None
         q, s, z = quant_asym(x, bits, dim=-1)
-        return q.reshape(T, H, D), s[..., 0], z[..., 0]
+        return q.reshape(T, H, D), s[..., 0], z[..., 0], None
 
-    def _dequant_resid(self, q, s, z, bits):
+    def _dequant_resid(self, q, s, z, bits, base=None):
         g = self.options["group"]
         shp = q.shape
         q = q.reshape(*shp[:-1], shp[-1] // g, g)
+        if base is not None:                    # s: uint8 log codes [..., T, H, G], base [..., H]
+            s = base.float()[..., None, :, None] * torch.exp2(-s.float() / LOG_SCALE_STEPS)
         if z is None:
             x = dequant_gauss(q, s[..., None], bits)
         else:
             x = dequant_asym(q, s[..., None], z[..., None])
         return x.reshape(shp)
+
+    @staticmethod
+    def _svd(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Singular values [2H, D] (descending) and right singular vectors as rows [2H, D, D] of X [2H, T, D],
+        from the eigendecomposition of the D x D Gram matrix in float64 on the CPU (small and fast; the
+        basis is recomputed once per block)."""
+        G = (X.transpose(1, 2) @ X).double().cpu()
+        w, U = torch.linalg.eigh(G)
+        w, U = w.flip(-1).clamp_min(0), U.flip(-1)
+        return w.sqrt().float().to(X.device), U.transpose(1, 2).float().to(X.device)
 
     def encode(self, layer, block_id, k, v):
         o = self.options
@@ -579,7 +645,7 @@ class ALRKVDFormat(KVFormat):
         X = torch.cat([k.float(), v.float()], dim=1).permute(1, 0, 2).contiguous()   # [2H, T, D]
         rec = torch.zeros_like(X)
         if R > 0:
-            _, S, Vh = torch.linalg.svd(X, full_matrices=False)                      # Vh [2H, m, D]
+            S, Vh = self._svd(X)                                                      # Vh [2H, D, D]
             ranks = self.allocate_ranks(S, self._head_tilt[layer])
             rows = torch.cat([Vh[s, : int(ranks[s])] for s in range(2 * H)], 0)        # [R, D]
             # basis: symmetric per-row quantization
@@ -606,14 +672,22 @@ class ALRKVDFormat(KVFormat):
         else:
             self.ranks[layer, block_id] = 0
         E = (X - rec).permute(1, 0, 2)                                                # [T, 2H, D]
+        if o["exact_tokens"]:
+            energy = E.pow(2).sum(dim=(1, 2))                                         # [T]
+            idx = torch.topk(energy, o["exact_tokens"]).indices.sort().values
+            self.exact_idx[layer, block_id] = idx.to(torch.int16)
+            self.exact_k[layer, block_id] = k[idx].to(torch.float16)
+            self.exact_v[layer, block_id] = v[idx].to(torch.float16)
         if self._rot is not None:
             E = E @ self._rot
         for kv, sl, bits in (("k", slice(0, H), o["k_bits"]), ("v", slice(H, 2 * H), o["v_bits"])):
-            q, s, z = self._quant_resid(E[:, sl], bits)
+            q, s, z, base = self._quant_resid(E[:, sl], bits)
             getattr(self, f"{kv}_resid")[layer, block_id] = pack_bits(q, bits)
             getattr(self, f"{kv}_rscale")[layer, block_id] = s
             if z is not None:
                 getattr(self, f"{kv}_rzero")[layer, block_id] = z
+            if base is not None:
+                getattr(self, f"{kv}_rbase")[layer, block_id] = base
 
     def decode(self, layer, block_ids):
         o = self.options
@@ -627,7 +701,8 @@ class ALRKVDFormat(KVFormat):
             q = unpack_bits(getattr(self, f"{kv}_resid")[layer, ids], bits, D)         # [n, T, H, D]
             s = getattr(self, f"{kv}_rscale")[layer, ids]
             z = getattr(self, f"{kv}_rzero")[layer, ids] if uni else None
-            outs.append(self._dequant_resid(q, s, z, bits))
+            base = getattr(self, f"{kv}_rbase")[layer, ids] if o["scale_bits"] == 8 else None
+            outs.append(self._dequant_resid(q, s, z, bits, base))
         E = torch.cat(outs, dim=2)                                                     # [n, T, 2H, D]
         if self._rot is not None:
             E = E @ self._rot.t()
@@ -649,9 +724,56 @@ class ALRKVDFormat(KVFormat):
             M = ((r >= starts[:, None, :]) & (r < ends[:, None, :])).float()
             # rec[n, T, s, D] = sum_r lat[n,T,r] * M[n,r,s] * B[n,r,D]
             E = E + torch.einsum("ntr,nrs,nrd->ntsd", lat, M, B)
+        if o["exact_tokens"]:
+            idx = self.exact_idx[layer, ids].long()                                    # [n, e]
+            bidx = torch.arange(n, device=self.device)[:, None].expand_as(idx)
+            E[bidx, idx, :H] = self.exact_k[layer, ids].float()
+            E[bidx, idx, H:] = self.exact_v[layer, ids].float()
         k = E[:, :, :H].reshape(n * T, H, D)
         v = E[:, :, H:].reshape(n * T, H, D)
         return k.to(self.dtype), v.to(self.dtype)
+
+
+def _alrkvd_key_scores(self, layer: int, block_id: int, q: torch.Tensor) -> torch.Tensor:
+    """Reference for fused kernels: q . k_hat for every token of one block, computed in the compressed
+    domain, q [T, H, D] (one query per key token, in the pre-RoPE frame of that key, i.e. RoPE^-1(pos) q):
+    (q B_s^T) . L_hat_s  +  (q rot) . E_hat_rot  (exact tokens: q . k_exact).  Returns [T, H] float32."""
+    o = self.options
+    T, H, D = self.block_size, self.num_kv_heads, self.head_dim
+    q = q.float()
+    ids = torch.tensor([block_id], device=self.device)
+    qq = unpack_bits(self.k_resid[layer, ids], o["k_bits"], D)[0]
+    s_ = self.k_rscale[layer, ids][0]
+    z = self.k_rzero[layer, ids][0] if o["codebook"] == "uniform" else None
+    base = self.k_rbase[layer, ids][0] if o["scale_bits"] == 8 else None
+    e_rot = self._dequant_resid(qq, s_, z, o["k_bits"], base)                       # [T, H, D] rotated frame
+    q_rot = q @ self._rot if self._rot is not None else q
+    scores = (q_rot * e_rot).sum(-1)
+    R = o["rank_budget"]
+    if R > 0:
+        bb = o["basis_bits"]
+        if bb == 8:
+            bq = self.basis[layer, block_id].float()
+        else:
+            bq = unpack_bits(self.basis[layer, block_id], bb, D).float() - (1 << (bb - 1))
+        B = bq * self.basis_scale[layer, block_id].float()[:, None]                  # [R, D]
+        lat = dequant_asym(unpack_bits(self.latent[layer, block_id], o["latent_bits"], R),
+                           self.latent_scale[layer, block_id], self.latent_zero[layer, block_id])  # [T, R]
+        ranks = self.ranks[layer, block_id].long().tolist()
+        start = 0
+        for h in range(H):                                                           # key streams only
+            r = ranks[h]
+            if r:
+                qb = q[:, h] @ B[start:start + r].t()                                # [T, r] latent-space query
+                scores[:, h] += (qb * lat[:, start:start + r]).sum(-1)
+            start += r
+    if o["exact_tokens"]:
+        idx = self.exact_idx[layer, block_id].long()
+        scores[idx] = (q[idx] * self.exact_k[layer, block_id].float()).sum(-1)
+    return scores
+
+
+ALRKVDFormat.key_scores = _alrkvd_key_scores
 
 
 FORMATS: dict[str, type[KVFormat]] = {

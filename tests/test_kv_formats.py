@@ -1,0 +1,408 @@
+"""KV formats (backend/kv_formats.py): bit packing, error bounds on random and real SmolLM2 keys/values,
+attention through the paged cache over compressed blocks, per-head ranks, memory accounting and the
+independence of segments (basis refresh never touches older blocks)."""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from backend.kv_formats import (FORMATS, ALRKVDFormat, gauss_codebook, make_format, pack_bits, packed_len,
+                                rotation_matrix, unpack_bits)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WIKITEXT = os.path.join(REPO, "data", "wikitext-2-raw", "wiki.test.raw")
+
+L, H, D = 2, 3, 64
+# Lloyd-Max distortion of a unit Gaussian (relative MSE) per bit width
+LLOYD_MAX = {1: 0.3634, 2: 0.1175, 3: 0.03454, 4: 0.009497}
+
+
+def random_kv(T, seed=0, outliers=True):
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(T, H, D, generator=g) * torch.linspace(0.2, 2.0, D)
+    v = torch.randn(T, H, D, generator=g)
+    if outliers:
+        k[:, :, 5] += 15.0                       # a massive key channel (pre-RoPE keys have them)
+        k[:, 1, 40] *= 8.0
+        k[3] *= 6.0                              # an outlier token
+        v[:, :, 17] *= 5.0
+        v[11, 2] += 20.0
+    return k, v
+
+
+# ---------------------------------------------------------------------------------------------------
+# packing and quantizer primitives
+# ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_pack_roundtrip(bits):
+    c = torch.randint(0, 1 << bits, (4, 3, 64))
+    p = pack_bits(c, bits)
+    assert p.dtype == torch.uint8 and p.shape[-1] == packed_len(64, bits) == 64 * bits // 8
+    assert torch.equal(unpack_bits(p, bits, 64), c)
+
+
+def test_pack_layout_is_documented_one():
+    # 2 bits: value j in byte j // 4 at bit (j % 4) * 2
+    c = torch.tensor([[1, 2, 3, 0, 3, 3, 3, 3]])
+    assert pack_bits(c, 2).tolist() == [[1 | 2 << 2 | 3 << 4, 255]]
+    # 3 bits = a 2-bit plane (low bits) then a 1-bit plane (bit 2)
+    c = torch.tensor([[7, 0, 4, 1, 2, 3, 5, 6]])
+    p = pack_bits(c, 3)[0].tolist()
+    low = [x & 3 for x in c[0].tolist()]
+    high = [x >> 2 for x in c[0].tolist()]
+    assert p[0] == low[0] | low[1] << 2 | low[2] << 4 | low[3] << 6
+    assert p[2] == sum(h << i for i, h in enumerate(high))
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4])
+def test_gauss_codebook_is_lloyd_max(bits):
+    lv = gauss_codebook(bits)
+    assert lv.numel() == 1 << bits and torch.all(lv[1:] > lv[:-1])
+    assert torch.allclose(lv, -lv.flip(0), atol=2e-3)
+    x = torch.randn(400_000, generator=torch.Generator().manual_seed(1))
+    q = lv[torch.bucketize(x, (lv[1:] + lv[:-1]) / 2)]
+    assert (q - x).pow(2).mean().item() == pytest.approx(LLOYD_MAX[bits], rel=0.03)
+
+
+def test_rotation_is_orthonormal():
+    r = rotation_matrix(64)
+    assert torch.allclose(r @ r.T, torch.eye(64), atol=1e-5)
+    r = rotation_matrix(48)
+    assert torch.allclose(r @ r.T, torch.eye(48), atol=1e-5)
+
+
+def test_unknown_option_and_bad_values_are_rejected():
+    with pytest.raises(ValueError, match="unknown option"):
+        make_format("alrkvd", L, H, D, torch.float32, "cpu", 2, nonsense="1")
+    with pytest.raises(ValueError, match="bad value"):
+        make_format("kivi2", L, H, D, torch.float32, "cpu", 2, group="x")
+    with pytest.raises(ValueError):
+        make_format("alrkvd", L, H, D, torch.float32, "cpu", 2, rank_budget="10", latent_bits="4")
+    with pytest.raises(ValueError, match="unknown kv format"):
+        make_format("nope", L, H, D, torch.float32, "cpu", 2)
+
+
+# ---------------------------------------------------------------------------------------------------
+# error bounds
+# ---------------------------------------------------------------------------------------------------
+
+def check_bound(fmt, k, v, kk, vv):
+    """Each format's stated bound (docs/ALRKVD.md)."""
+    name = fmt.name
+    if name == "fp16":
+        assert torch.equal(kk, k.to(fmt.dtype)) and torch.equal(vv, v.to(fmt.dtype))
+    elif name == "int8":
+        for x, y in ((k, kk), (v, vv)):
+            scale = x.abs().amax(-1, keepdim=True) / 127
+            assert torch.all((x - y).abs() <= scale / 2 * 1.002 + x.abs().amax(-1, keepdim=True) * 2 ** -10)
+    elif name.startswith("kivi"):
+        b, g = fmt.options["bits"], fmt.options["group"]
+        T = k.shape[0]
+        kt = k.permute(1, 2, 0).reshape(H, D, T // g, g)
+        span = kt.amax(-1, keepdim=True) - kt.amin(-1, keepdim=True)
+        err = (kk.permute(1, 2, 0).reshape(H, D, T // g, g) - kt).abs()
+        tol = span / ((1 << b) - 1) / 2 * 1.002 + (span + kt.abs().amax(-1, keepdim=True)) * 2 ** -10
+        assert torch.all(err <= tol)
+        vt = v.reshape(T, H, D // g, g)
+        span = vt.amax(-1, keepdim=True) - vt.amin(-1, keepdim=True)
+        err = (vv.reshape(T, H, D // g, g) - vt).abs()
+        tol = span / ((1 << b) - 1) / 2 * 1.002 + (span + vt.abs().amax(-1, keepdim=True)) * 2 ** -10
+        assert torch.all(err <= tol)
+    else:
+        for x, y, bits in ((k, kk, fmt.options["k_bits"]), (v, vv, fmt.options["v_bits"])):
+            bound = ALRKVDFormat.relative_error_bound(bits)
+            for h in range(H):
+                rel = ((y[:, h] - x[:, h]).norm() / x[:, h].norm()).item()
+                assert rel <= bound, (h, rel, bound)
+
+
+FORMAT_CASES = [
+    ("fp16", {}), ("int8", {}), ("kivi2", {}), ("kivi3", {}), ("kivi4", {}),
+    ("alrkvd", {}),
+    ("alrkvd", {"rank_budget": "0"}),
+    ("alrkvd", {"k_bits": "3", "v_bits": "1", "rank_budget": "24", "latent_bits": "4", "scale_bits": "8"}),
+    ("alrkvd", {"codebook": "uniform", "group": "32", "rotate": "false", "basis_bits": "4"}),
+    ("alrkvd", {"exact_tokens": "2", "key_weight": "4", "k_bits": "4", "v_bits": "4"}),
+]
+
+
+@pytest.mark.parametrize("name,opts", FORMAT_CASES)
+def test_error_bound_random_with_outliers(name, opts):
+    fmt = make_format(name, L, H, D, torch.float32, "cpu", 4, **opts)
+    k, v = random_kv(fmt.block_size)
+    kk, vv = fmt.roundtrip(k, v, layer=1, block_id=2)
+    assert kk.shape == k.shape and vv.shape == v.shape
+    check_bound(fmt, k, v, kk, vv)
+
+
+def test_more_bits_less_error():
+    k, v = random_kv(128, seed=3)
+    errs = []
+    for bits in (1, 2, 3, 4):
+        f = make_format("alrkvd", L, H, D, torch.float32, "cpu", 1, k_bits=bits, v_bits=bits)
+        kk, vv = f.roundtrip(k, v)
+        errs.append(((kk - k).norm() / k.norm()).item() + ((vv - v).norm() / v.norm()).item())
+    assert errs == sorted(errs, reverse=True)
+    errs = []
+    for name in ("kivi2", "kivi3", "kivi4"):
+        f = make_format(name, L, H, D, torch.float32, "cpu", 1)
+        kk, vv = f.roundtrip(k, v)
+        errs.append(((kk - k).norm() / k.norm()).item())
+    assert errs == sorted(errs, reverse=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# real SmolLM2 keys and values (keys before RoPE), captured through the engine's own model
+# ---------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smollm2_kv():
+    """{layer: (k [T, 3, 64] before RoPE, v, q [T, 9, 64] after RoPE)} for 512 WikiText-2 tokens, and the
+    engine (for its rotary tables)."""
+    if not os.path.exists(WIKITEXT):
+        pytest.fail(f"WikiText-2 copy missing: {WIKITEXT} (data/wikitext-2-raw/ must be in the repository)")
+    from backend.engine import EngineArgs, LLMEngine
+    eng = LLMEngine(EngineArgs(kv_format="fp16", kv_budget_bytes=64 << 20, max_num_seqs=1))
+    with open(WIKITEXT, encoding="utf-8", newline="") as f:
+        ids = eng.tokenizer.encode(f.read(20000), add_special_tokens=False)[:512]
+    rec = {}
+    orig = eng.cache.attend
+
+    def attend(layer, q, k, v, batch):
+        rec[layer] = (q.float().clone(), k.float().clone(), v.float().clone())
+        return orig(layer, q, k, v, batch)
+
+    eng.cache.attend = attend
+    eng.score(ids, chunk_size=512)
+    eng.cache.attend = orig
+    return rec, eng
+
+
+REAL_LAYERS = [0, 3, 14, 29]
+
+
+@pytest.mark.parametrize("name,opts", FORMAT_CASES)
+def test_error_bound_real_smollm2(smollm2_kv, name, opts):
+    rec, eng = smollm2_kv
+    for layer in REAL_LAYERS:
+        q, k, v = rec[layer]
+        fmt = make_format(name, 30, H, D, torch.float32, "cpu", 4, **opts)
+        T = fmt.block_size
+        pos = torch.arange(k.shape[0])
+        kin = k if fmt.rope_on_read else eng.model.rotary.apply(k, pos)   # each format's key convention
+        for b in range(2):
+            sl = slice(b * T, (b + 1) * T)
+            kk, vv = fmt.roundtrip(kin[sl], v[sl], layer=layer, block_id=b)
+            check_bound(fmt, kin[sl], v[sl], kk, vv)
+
+
+def test_alrkvd_beats_kivi_on_real_attention(smollm2_kv):
+    """Attention outputs over compressed past blocks: ALR-KVD at fewer bytes than KIVI-2 errs less."""
+    rec, eng = smollm2_kv
+    rot = eng.model.rotary
+    errs = {}
+    sizes = {}
+    for name, opts in (("kivi2", {}), ("alrkvd", {"rank_budget": "24", "key_weight": "4", "latent_bits": "4",
+                                                   "scale_bits": "8"})):
+        tot = 0.0
+        for layer in REAL_LAYERS:
+            q, k, v = rec[layer]
+            fmt = make_format(name, 30, H, D, torch.float32, "cpu", 4, **opts)
+            T = fmt.block_size
+            pos = torch.arange(3 * T)
+            kr = rot.apply(k[:3 * T], pos)
+            for b in range(3):
+                sl = slice(b * T, (b + 1) * T)
+                fmt.encode(layer, b, (k if fmt.rope_on_read else kr)[sl], v[sl])
+            kh, vh = fmt.decode(layer, [0, 1, 2])
+            if fmt.rope_on_read:
+                kh = rot.apply(kh, pos)
+            qq = q[3 * T:4 * T].transpose(0, 1)                    # queries of the 4th block
+            out = torch.nn.functional.scaled_dot_product_attention(
+                qq, kr.transpose(0, 1), v[:3 * T].transpose(0, 1), enable_gqa=True)
+            out_c = torch.nn.functional.scaled_dot_product_attention(
+                qq, kh.transpose(0, 1), vh.transpose(0, 1), enable_gqa=True)
+            tot += ((out_c - out).norm() / out.norm()).item()
+        errs[name] = tot / len(REAL_LAYERS)
+        sizes[name] = fmt.bytes_per_token()
+    assert sizes["alrkvd"] <= sizes["kivi2"]
+    assert errs["alrkvd"] < errs["kivi2"], errs
+
+
+def test_ranks_vary_per_head_on_real_data(smollm2_kv):
+    rec, _ = smollm2_kv
+    fmt = make_format("alrkvd", 30, H, D, torch.float32, "cpu", 8, rank_budget="24", key_weight="4",
+                      latent_bits="4")
+    all_ranks = []
+    for layer in REAL_LAYERS:
+        _, k, v = rec[layer]
+        for b in range(4):
+            sl = slice(b * 128, (b + 1) * 128)
+            fmt.encode(layer, b, k[sl], v[sl])
+            r = fmt.ranks[layer, b].tolist()
+            assert sum(r) == 24 and all(0 <= x <= fmt.options["rank_max"] for x in r)
+            all_ranks.append(tuple(r))
+    # within a block the heads get different ranks, and the split differs between layers
+    assert sum(len(set(r)) > 1 for r in all_ranks) >= len(all_ranks) * 3 // 4
+    assert len(set(all_ranks)) >= len(REAL_LAYERS)
+
+
+# ---------------------------------------------------------------------------------------------------
+# attention through the paged cache matches attention over the reconstruction
+# ---------------------------------------------------------------------------------------------------
+
+def _cache(name, opts, budget=64 << 20):
+    from backend.config import ModelConfig
+    from backend.kv_cache import PagedKVCache
+    from backend.model import Rotary
+    cfg = ModelConfig(model_type="llama", vocab_size=10, hidden_size=H * D * 2, num_layers=L, num_heads=2 * H,
+                      num_kv_heads=H, head_dim=D, intermediate_size=8, rope_theta=10000.0)
+    rot = Rotary(cfg, 4096, "cpu")
+    return PagedKVCache(cfg, rot, name, dict(opts), budget, 2, torch.float32, "cpu"), rot
+
+
+@pytest.mark.parametrize("name,opts", [("fp16", {}), ("int8", {}), ("kivi2", {}), ("kivi4", {}),
+                                       ("alrkvd", {}), ("alrkvd", {"scale_bits": "8", "latent_bits": "4",
+                                                                   "rank_budget": "16", "exact_tokens": "1"})])
+def test_cache_attention_matches_reconstruction(name, opts):
+    from backend.kv_cache import AttentionBatch, SeqKV
+    cache, rot = _cache(name, opts)
+    fmt = cache.format
+    g = torch.Generator().manual_seed(5)
+    seq = SeqKV()
+    N, chunk = 300, 100                      # 2 closed blocks of 128 + 44 tokens in the window (windowed)
+    ks = torch.randn(N, H, D, generator=g) * 2
+    vs = torch.randn(N, H, D, generator=g)
+    qs = torch.randn(N, 2 * H, D, generator=g)
+    for start in range(0, N, chunk):
+        n = min(chunk, N - start)
+        cache.allocate(seq, n)
+        batch = AttentionBatch([seq], [n])
+        pos = torch.arange(start, start + n)
+        q = rot.apply(qs[start:start + n], pos)
+        for layer in range(L):
+            # the reference: keys/values of the past as the format reconstructs them + the new ones exact
+            P = seq.num_tokens
+            bs = cache.block_size
+            if cache.windowed:
+                closed = P // bs
+                kp, vp = fmt.decode(layer, seq.block_table[:closed])
+                kp = torch.cat([kp, ks[closed * bs:P]]) if cache.rope_on_read else \
+                    torch.cat([kp, rot.apply(ks[closed * bs:P], torch.arange(closed * bs, P))])
+                vp = torch.cat([vp, vs[closed * bs:P]])
+            else:
+                kp, vp = fmt.decode(layer, seq.block_table[:-(-P // bs)] if P else [])
+                kp, vp = kp[:P], vp[:P]
+            if cache.rope_on_read:
+                kp = rot.apply(kp, torch.arange(P))
+            keys = torch.cat([kp, rot.apply(ks[start:start + n], pos)]).transpose(0, 1)
+            vals = torch.cat([vp, vs[start:start + n]]).transpose(0, 1)
+            mask = torch.ones(n, P + n, dtype=torch.bool).tril(diagonal=P)
+            ref = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), keys, vals, attn_mask=mask,
+                                                                   enable_gqa=True).transpose(0, 1)
+            out = cache.attend(layer, q, ks[start:start + n], vs[start:start + n], batch)
+            assert torch.allclose(out, ref, atol=1e-5, rtol=1e-4)
+        cache.commit(batch)
+    assert seq.num_tokens == N
+    if cache.windowed:
+        assert len(seq.block_table) == 3 and seq.window_slot is not None
+
+
+def test_alrkvd_compressed_domain_scores_match_reconstruction():
+    """q . k_hat computed from latents and rotated residual equals q . decode(k) (what the fused kernel does)."""
+    fmt = make_format("alrkvd", L, H, D, torch.float32, "cpu", 4, rank_budget="16", latent_bits="4",
+                      scale_bits="8")
+    k, v = random_kv(128, seed=9)
+    fmt.encode(0, 1, k, v)
+    kh, _ = fmt.decode(0, [1])
+    q = torch.randn(128, H, D)
+    ref = (q * kh).sum(-1)                                   # [T, H]
+    assert torch.allclose(fmt.key_scores(0, 1, q), ref, atol=1e-3, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------
+# memory accounting
+# ---------------------------------------------------------------------------------------------------
+
+def _bits_per_element(name, opts):
+    f = make_format(name, L, H, D, torch.float32, "meta", 1, **opts)
+    return f.bytes_per_token() * 8 / (2 * L * H * D)
+
+
+def test_bytes_per_token_formulas():
+    assert _bits_per_element("fp16", {}) == 32                   # the model dtype (fp32 here)
+    assert _bits_per_element("int8", {}) == 8 + 16 / D
+    for b in (2, 3, 4):
+        assert _bits_per_element(f"kivi{b}", {}) == b + 2 * 16 / 32
+    # alrkvd: residual bits + scale per token/head + per block: ranks, basis + scales, latents + scale/zero
+    T, R = 128, 24
+    per_block_bits = 2 * H * 16 + R * (D * 8 + 16) + T * R * 8 + R * 32
+    expect = 2 + 16 / D + per_block_bits / (T * 2 * H * D)
+    assert _bits_per_element("alrkvd", {}) == pytest.approx(expect)
+    per_block_bits = 2 * H * 16 + R * (D * 4 + 16) + T * R * 4 + R * 32 + 2 * H * 16
+    expect = (3 + 1) / 2 + 8 / D + per_block_bits / (T * 2 * H * D)
+    got = _bits_per_element("alrkvd", {"k_bits": "3", "v_bits": "1", "latent_bits": "4", "basis_bits": "4",
+                                       "scale_bits": "8"})
+    assert got == pytest.approx(expect)
+
+
+@pytest.mark.parametrize("name,opts", [("fp16", {}), ("int8", {}), ("kivi3", {}), ("alrkvd", {}),
+                                       ("alrkvd", {"scale_bits": "8", "exact_tokens": "1"})])
+def test_accounting_equals_allocation(name, opts):
+    cache, _ = _cache(name, opts, budget=8 << 20)
+    fmt = cache.format
+    storage = sum(t.numel() * t.element_size() for t in fmt.tensors())
+    assert storage == cache.block_bytes * fmt.num_blocks == fmt.bytes_per_block() * fmt.num_blocks
+    assert cache.allocated_bytes() == storage + 2 * cache.window_k.numel() * cache.window_k.element_size()
+    assert cache.allocated_bytes() <= 8 << 20
+    # every tensor the format holds is listed (nothing allocated on the side)
+    listed = {id(t) for t in fmt.tensors()}
+    for attr, val in vars(fmt).items():
+        if isinstance(val, torch.Tensor) and val.dim() >= 2 and val.shape[:2] == (L, fmt.num_blocks):
+            assert id(val) in listed, attr
+
+
+# ---------------------------------------------------------------------------------------------------
+# segments are independent: a new basis for a new block never changes older blocks
+# ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("opts", [{}, {"scale_bits": "8", "latent_bits": "4", "exact_tokens": "1"}])
+def test_basis_refresh_never_changes_older_segments(opts):
+    fmt = make_format("alrkvd", L, H, D, torch.float32, "cpu", 6, **opts)
+    k0, v0 = random_kv(128, seed=1)
+    fmt.encode(1, 0, k0, v0)
+    snap = {n: t[:, 0].clone() for n, t in fmt.named_tensors().items()}
+    dec = fmt.decode(1, [0])
+    for b, seed in ((1, 2), (2, 3), (3, 4)):          # later segments, very different data, both layers
+        k, v = random_kv(128, seed=seed)
+        fmt.encode(1, b, k * (b + 3), v - b)
+        fmt.encode(0, b, k, v)
+    for n, t in fmt.named_tensors().items():
+        assert torch.equal(t[:, 0], snap[n]), n
+    dec2 = fmt.decode(1, [0])
+    assert torch.equal(dec[0], dec2[0]) and torch.equal(dec[1], dec2[1])
+    # and each block has its own basis
+    assert not torch.equal(fmt.basis[1, 0], fmt.basis[1, 1])
+
+
+def test_decode_of_many_blocks_is_concatenation():
+    fmt = make_format("alrkvd", L, H, D, torch.float32, "cpu", 4, rank_budget="16", latent_bits="4")
+    for b in range(3):
+        k, v = random_kv(128, seed=b)
+        fmt.encode(0, b, k, v)
+    k_all, v_all = fmt.decode(0, [2, 0, 1])
+    for i, b in enumerate((2, 0, 1)):
+        kb, vb = fmt.decode(0, [b])
+        assert torch.allclose(k_all[i * 128:(i + 1) * 128], kb) and torch.allclose(v_all[i * 128:(i + 1) * 128], vb)
+
+
+def test_registry_names():
+    assert {"fp16", "int8", "kivi2", "kivi3", "kivi4", "alrkvd"} <= set(FORMATS)
+    assert FORMATS["alrkvd"].rope_on_read and FORMATS["alrkvd"].windowed
+    assert FORMATS["kivi2"].windowed and not FORMATS["kivi2"].rope_on_read
+    assert not FORMATS["fp16"].windowed and not FORMATS["int8"].windowed
+    assert math.isclose(FORMATS["kivi3"].default_block_size, 128)
