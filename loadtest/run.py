@@ -12,6 +12,10 @@ starts; add any Locust option after `--`), so a run here and a hand-started or d
 (every request, the source of truth), run.json, summary.json, report.md, PNG plots, and Locust's own
 locust.html / locust_*.csv. Exit status: Locust's (1 when any request failed), 2 on a bad setup.
 
+With no server ready at --host, one is started through the project's launcher (backend.serve) with
+the tenants' models on the --host / --grpc-url ports and stopped at the end (`--server never`
+refuses instead). `make loadtest` is `python -m loadtest.run --out reports/loadtest` (2 users, 20 s).
+
 `run_inprocess()` runs the same test through Locust's library API inside the calling process.
 """
 
@@ -107,8 +111,9 @@ def is_ready(host: str, models: list[str] = (), timeout: float = 2.0) -> bool:
     return True
 
 
-def start_server(host: str, grpc_url: str, models: list[str], timeout: float):
-    """Start tritonserver with the project's launcher (backend.serve) on the ports of `host` / `grpc_url`."""
+def start_server(host: str, grpc_url: str, models: list[str], timeout: float, log_path: Path):
+    """Start tritonserver with the project's launcher (backend.serve) on the ports of `host` / `grpc_url`;
+    its output goes to `log_path`."""
     from backend.serve import LaunchError, TritonLauncher
 
     u = urlparse(_http_url(host))
@@ -118,13 +123,15 @@ def start_server(host: str, grpc_url: str, models: list[str], timeout: float):
     grpc_port = int(grpc_url.rsplit(":", 1)[1]) if grpc_url else 8001
     launcher = TritonLauncher(models=models, host="127.0.0.1", http_port=http_port, grpc_port=grpc_port,
                               metrics_port=http_port + 2 if http_port + 2 != grpc_port else http_port + 3)
-    print(f"starting tritonserver with {', '.join(models)} on HTTP {http_port}, gRPC {grpc_port} ...", flush=True)
-    launcher.start()
+    print(f"starting tritonserver with {', '.join(models)} on HTTP {http_port}, gRPC {grpc_port} "
+          f"(log: {log_path}) ...", flush=True)
+    with open(log_path, "ab") as log:
+        launcher.start(stdout=log, stderr=log)
     try:
         launcher.wait_until_ready(timeout)
-    except LaunchError:
+    except LaunchError as e:
         launcher.stop()
-        raise
+        raise SystemExit(f"tritonserver did not start: {e} (see {log_path})") from None
     return launcher
 
 
@@ -182,7 +189,8 @@ def main(argv=None) -> int:
         print(f"Triton at {a.host} is not ready with {models} (start it: make serve)", file=sys.stderr)
         return 2
     if not ready:
-        launcher = start_server(a.host, a.grpc_url, models, a.wait_ready)
+        out.mkdir(parents=True, exist_ok=True)
+        launcher = start_server(a.host, a.grpc_url, models, a.wait_ready, out / "tritonserver.log")
     try:
         return _run(a, out)
     finally:

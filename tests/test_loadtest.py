@@ -244,7 +244,7 @@ def test_prompts_are_reproducible_from_the_seed():
     for k in range(50):
         text, max_tokens, words = cfg.tenants[1].request(k)
         assert text.startswith("Summarize the following text.")
-        assert 120 <= words - 4 <= 240 and max_tokens == 24
+        assert 80 <= words - 4 <= 160 and max_tokens == 24
 
 
 def test_tenant_file_prompts_overrides_and_distributions(tmp_path):
