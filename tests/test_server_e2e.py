@@ -368,3 +368,36 @@ def test_metrics_match_what_was_sent(triton_server):
     assert metric(s, "alrkvd:kv_cache_compression_ratio", model) > 0
     for gauge in ("alrkvd:num_requests_running", "alrkvd:num_requests_waiting", "alrkvd:kv_cache_usage_perc"):
         assert metric(s, gauge, model) >= 0
+
+
+# ----------------------------------------------------------------------------------------------
+# the server changes nothing: same greedy text as the engine run offline
+# ----------------------------------------------------------------------------------------------
+
+OFFLINE = """
+import importlib.util, json, re, sys
+from pathlib import Path
+from backend.engine import EngineArgs, LLMEngine, SamplingParams
+model_dir = Path("model_repository") / sys.argv[1]
+spec = importlib.util.spec_from_file_location("engine_config", model_dir / "1" / "engine_config.py")
+ec = importlib.util.module_from_spec(spec); spec.loader.exec_module(ec)
+found = re.findall(r'\\{\\s*key:\\s*"([^"]+)",\\s*value:\\s*\\{\\s*string_value:\\s*"([^"]*)"\\s*\\}\\s*\\}',
+                   (model_dir / "config.pbtxt").read_text())
+args = ec.engine_args_from_config({"parameters": {k: {"string_value": v} for k, v in found}}, str(model_dir), EngineArgs)
+out = LLMEngine(args).generate([sys.argv[2]], SamplingParams(max_tokens=int(sys.argv[3]), temperature=0, ignore_eos=True))[0]
+print(json.dumps({"text": out.text, "finish_reason": out.finish_reason}))
+"""
+
+
+def test_greedy_output_equals_the_engine_run_offline(triton_server, reference):
+    """The engine with the model's own config.pbtxt options, outside Triton, gives the same text."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", OFFLINE, triton_server.model, PROMPT, "24"], cwd=root,
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    offline = json.loads(out.stdout.strip().splitlines()[-1])
+    assert offline == {"text": reference, "finish_reason": "length"}

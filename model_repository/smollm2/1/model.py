@@ -111,6 +111,7 @@ class TritonPythonModel:
 
     # ---- execute -----------------------------------------------------------------------------
     def execute(self, requests):
+        self.metrics.start()
         for request in requests:
             try:
                 if self._stopping:

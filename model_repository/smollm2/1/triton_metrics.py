@@ -68,6 +68,18 @@ class TritonMetrics:
             F.GAUGE)
 
 
+    def close(self):
+        """Drop every Metric, then every MetricFamily, while the stub is still whole.
+
+        Left to interpreter exit, a MetricFamily's destructor runs after the stub's own and the
+        stub segfaults (fixed in python_backend after 2.51).
+        """
+        for name in list(vars(self)):
+            if name != "families":
+                delattr(self, name)
+        self.families.clear()
+
+
 class MetricsLogger:
     """`record_*` enqueue; one thread applies the records and refreshes the engine gauges."""
 
@@ -77,7 +89,16 @@ class MetricsLogger:
         self.interval_s = interval_s
         self.queue: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._loop, name="alrkvd-metrics", daemon=True)
-        self.thread.start()
+        self._safely(("refresh",))  # on the caller's thread
+
+    def start(self):
+        """Start the thread: call once `initialize` has returned (the first `execute`).
+
+        No metric IPC may run beside `initialize`: a metric update from another thread while
+        the stub answers the load can leave the model never reported loaded (seen on 2.51).
+        """
+        if not self.thread.is_alive() and self.thread.ident is None:
+            self.thread.start()
 
     # ---- producers (any thread) ------------------------------------------------------------
     def record_first_token(self, ttft_s: float, num_prompt_tokens: int):
@@ -97,8 +118,10 @@ class MetricsLogger:
         self.queue.put(("refresh",))
 
     def shutdown(self):
-        self.queue.put(None)
-        self.thread.join(timeout=5)
+        if self.thread.ident is not None:
+            self.queue.put(None)
+            self.thread.join(timeout=5)
+        self.metrics.close()
 
     # ---- the logger thread -----------------------------------------------------------------
     def _loop(self):
