@@ -1,0 +1,299 @@
+"""Fused mixture-of-experts (Triton): one grouped-GEMM launch per projection for all experts.
+
+The (token, expert) pairs of a step are sorted by expert and each expert's run is padded to a
+multiple of BLOCK_SIZE_M (`moe_align_block_size`), so every M-tile of the sorted order belongs to
+one expert; a program multiplies its tile by that expert's weights. Two launches per MoE layer:
+    act   = silu(x W_gate^T) * (x W_up^T)        gate and up fused: `w13` holds [gate; up] rows
+    pairs = routed_weight * (act W_down^T)       one row per (token, expert) pair
+then out[t] = sum over the token's top_k pairs. Expert weights are read through a slot map: the
+weight pools hold `num_slots` experts (an expert cache, backend/experts.py), `slot_map[e]` is the
+slot holding expert e, or -1 for an expert this call must skip (its pairs' rows are left alone,
+to be written by another pass over other slots). With all experts resident, `slot_map` is None
+and the pools are the stacked experts [E, ...].
+
+Layout:
+    x             [T, H]            activations
+    w13           [S, 2I, H]        per slot: gate rows [0, I), up rows [I, 2I)
+    w2            [S, H, I]         per slot: down projection
+    topk_weights  [T, top_k]        routing weights;  topk_ids [T, top_k] int (expert ids)
+    slot_map      [E] int32         expert -> slot, -1: not in this pass
+    returns       [T, H] in x's dtype
+Public: `moe_align_block_size`, `fused_moe` (dispatcher), `fused_moe_pass` (one pass over the
+slots in `slot_map`, caller-allocated scratch) and `fused_moe_ref` (PyTorch). Nothing runs at
+import. After vLLM's `fused_moe.py` / `moe_align_block_size.py` (sorted ids padded per expert,
+early exit past `num_tokens_post_padded`), written anew: gate/up fused with SiLU in the epilogue,
+the slot indirection, int64 offsets, tiles from kernels/tuning.py.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from kernels.paged_attention import dot_dtype
+from kernels.tuning import get_config
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel: one grouped GEMM over the expert-sorted pairs
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _fused_moe_kernel(
+    # Pointers to matrices
+    A, B, C, Topk_weights, Sorted_token_ids, Expert_ids, Num_tokens_post_padded, Slot_map,
+    # Matrix dimensions
+    N,  # output columns (I for the gate/up pass, H for the down pass)
+    K,  # reduction (H, then I)
+    EM,  # length of Sorted_token_ids (a multiple of BLOCK_SIZE_M)
+    num_valid_tokens,  # T * top_k: sorted ids >= this are padding
+    # Strides
+    stride_am, stride_ak,
+    stride_bs, stride_bn, stride_bk,  # B [S, N (x2 for GLU), K]
+    stride_cm, stride_cn,
+    # Meta-parameters
+    TOP_K: tl.constexpr,  # pair p reads A row p // TOP_K
+    GLU: tl.constexpr,  # B rows [0, N) gate, [N, 2N) up: C = silu(A gate^T) * (A up^T)
+    MUL_ROUTED_WEIGHT: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,  # "ieee" for fp32 operands (no TF32), else "tf32" (ignored for 16-bit)
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr,
+):
+    """1-D grid over (M-tiles of the sorted pairs) x (N-tiles). C [T * top_k, N]: row p is pair p."""
+    # -- program id -> (M-tile, N-tile), grouped ordering for L2 reuse
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(EM, BLOCK_SIZE_M)
+    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    num_pid_in_group = GROUP_SIZE_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_SIZE_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_SIZE_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    # -- tiles past the padded pairs, and experts skipped in this pass, do nothing
+    num_tokens_post_padded = tl.load(Num_tokens_post_padded)
+    if pid_m * BLOCK_SIZE_M >= num_tokens_post_padded:
+        return
+    expert = tl.load(Expert_ids + pid_m)
+    if expert < 0:
+        return
+    slot = tl.load(Slot_map + expert).to(tl.int64)
+    if slot < 0:
+        return
+
+    # -- the tile's pairs and their rows of A
+    offs_token_id = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_token = tl.load(Sorted_token_ids + offs_token_id).to(tl.int64)
+    token_mask = offs_token < num_valid_tokens
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    n_mask = offs_n < N
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    a_ptrs = A + (offs_token[:, None] // TOP_K) * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = B + slot * stride_bs + offs_n[None, :].to(tl.int64) * stride_bn + offs_k[:, None] * stride_bk
+
+    # -- fp32 accumulation over K
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    if GLU:
+        acc_up = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+        k_mask = offs_k < K - k * BLOCK_SIZE_K
+        a = tl.load(a_ptrs, mask=token_mask[:, None] & k_mask[None, :], other=0.0).to(DOT_DTYPE)
+        b = tl.load(b_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0).to(DOT_DTYPE)
+        acc += tl.dot(a, b, input_precision=PRECISION)
+        if GLU:
+            b_up = tl.load(b_ptrs + N * stride_bn, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+            acc_up += tl.dot(a, b_up.to(DOT_DTYPE), input_precision=PRECISION)
+        a_ptrs += BLOCK_SIZE_K * stride_ak
+        b_ptrs += BLOCK_SIZE_K * stride_bk
+
+    # -- epilogue: SiLU gate, routing weight, store the pairs' rows
+    if GLU:
+        acc = acc * tl.sigmoid(acc) * acc_up
+    if MUL_ROUTED_WEIGHT:
+        w = tl.load(Topk_weights + offs_token, mask=token_mask, other=0.0)
+        acc = acc * w.to(tl.float32)[:, None]
+    c_ptrs = C + offs_token[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=token_mask[:, None] & n_mask[None, :])
+
+
+# ----------------------------------------------------------------------------------------------
+# Preparation: sort the pairs by expert, pad each expert's run to BLOCK_SIZE_M
+# ----------------------------------------------------------------------------------------------
+class MoEAlignment(NamedTuple):
+    sorted_token_ids: torch.Tensor  # [EM] int32: pair ids grouped by expert, padding = T * top_k
+    expert_ids: torch.Tensor  # [EM // block_size] int32: expert of each M-tile, -1 past the end
+    num_tokens_post_padded: torch.Tensor  # [1] int32: padded pairs actually used
+    block_size: int
+
+
+def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> MoEAlignment:
+    """Sort the pairs of `topk_ids [T, top_k]` by expert, each expert's run padded to a multiple of
+    `block_size`. Static output sizes (EM = T*top_k + E*(block_size-1), rounded up), no host sync.
+
+    Example: topk_ids [[2, 0], [2, 1]] (pairs 0..3), block_size 2, 3 experts ->
+        sorted_token_ids [1, 4, 3, 4, 0, 2, ...padding 4]   (expert 0: pair 1; 1: pair 3; 2: pairs 0, 2)
+        expert_ids       [0, 1, 2, -1, ...]                 num_tokens_post_padded [6]
+    """
+    device = topk_ids.device
+    flat = topk_ids.reshape(-1).long()
+    numel = flat.numel()
+    em = triton.cdiv(numel + num_experts * (block_size - 1), block_size) * block_size
+    counts = torch.bincount(flat, minlength=num_experts)
+    padded = (counts + block_size - 1) // block_size * block_size
+    ends = torch.cumsum(padded, 0)
+    starts = ends - padded
+    order = torch.argsort(flat, stable=True)
+    sorted_experts = flat[order]
+    first = torch.cumsum(counts, 0) - counts  # index in `order` of each expert's first pair
+    rank = torch.arange(numel, device=device) - first[sorted_experts]
+    sorted_token_ids = torch.full((em,), numel, dtype=torch.int32, device=device)
+    sorted_token_ids[starts[sorted_experts] + rank] = order.to(torch.int32)
+    tile_starts = torch.arange(0, em, block_size, device=device)
+    expert_ids = torch.searchsorted(ends, tile_starts, right=True)
+    expert_ids = torch.where(expert_ids < num_experts, expert_ids, -1).to(torch.int32)
+    return MoEAlignment(sorted_token_ids, expert_ids, ends[-1:].to(torch.int32), block_size)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+def block_size_m(num_pairs: int, num_experts: int) -> int:
+    """M-tile shared by both projections: 16 for decode (a few pairs per expert), larger for prefill."""
+    per_expert = num_pairs / num_experts
+    return 16 if per_expert <= 16 else 32 if per_expert <= 48 else 64
+
+
+def _default_config(block_m: int, device: torch.device) -> dict:
+    if device.type != "cuda":  # the interpreter: few, large programs
+        return {"BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 1}
+    if block_m == 16:  # decode: weight-streaming GEMV-like tiles, deep K
+        return {"BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 4}
+    return {"BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8, "num_warps": 8, "num_stages": 3}
+
+
+def _launch(a, b, c, topk_weights, align: MoEAlignment, slot_map, num_valid: int, top_k: int,
+            glu: bool, mul_routed_weight: bool):
+    n = c.shape[1]
+    k = a.shape[1]
+    assert b.shape[1] == (2 * n if glu else n) and b.shape[2] == k, f"B {tuple(b.shape)} vs N={n}, K={k}"
+    assert b.stride(2) == 1 and a.stride(1) == 1 and c.stride(1) == 1
+    em = align.sorted_token_ids.shape[0]
+    key = f"N={n},K={k},glu={int(glu)},M={align.block_size}"
+    cfg = get_config("fused_moe", key, a.device, _default_config(align.block_size, a.device))
+    dot_type = dot_dtype(b.dtype, a.device)
+    grid = lambda meta: (triton.cdiv(em, align.block_size) * triton.cdiv(n, meta["BLOCK_SIZE_N"]),)  # noqa: E731
+    _fused_moe_kernel[grid](
+        a, b, c, topk_weights, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded,
+        slot_map,
+        n, k, em, num_valid,
+        a.stride(0), a.stride(1),
+        b.stride(0), b.stride(1), b.stride(2),
+        c.stride(0), c.stride(1),
+        TOP_K=top_k, GLU=glu, MUL_ROUTED_WEIGHT=mul_routed_weight,
+        DOT_DTYPE=dot_type, PRECISION="ieee" if dot_type == tl.float32 else "tf32", BLOCK_SIZE_M=align.block_size, **cfg,
+    )
+
+
+def fused_moe_pass(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                   align: MoEAlignment, slot_map: torch.Tensor, act: torch.Tensor, pairs: torch.Tensor) -> None:
+    """Compute the pairs whose expert has a slot in `slot_map` (-1: skipped): writes their rows of the
+    caller-allocated scratch `act [T*top_k, I]` and `pairs [T*top_k, H]` (routing weight applied).
+    Several passes over disjoint expert sets, with the slots refilled between them, fill `pairs`."""
+    T, H = x.shape
+    top_k = topk_weights.shape[1]
+    I = w2.shape[2]
+    assert act.shape == (T * top_k, I) and pairs.shape == (T * top_k, H)
+    assert slot_map.dtype == torch.int32 and slot_map.is_contiguous()
+    assert topk_weights.is_contiguous() and x.device == w13.device == slot_map.device
+    _launch(x, w13, act, topk_weights, align, slot_map, T * top_k, top_k, glu=True, mul_routed_weight=False)
+    _launch(act, w2, pairs, topk_weights, align, slot_map, T * top_k, 1, glu=False, mul_routed_weight=True)
+
+
+def reduce_pairs(pairs: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
+    """out[t] = sum of the token's top_k rows of `pairs`, summed in fp32."""
+    return pairs.view(-1, top_k, pairs.shape[1]).float().sum(1).to(dtype)
+
+
+def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, slot_map: torch.Tensor | None = None) -> torch.Tensor:
+    """MoE output `[T, H]` for `x [T, H]` routed to `topk_ids` with `topk_weights [T, top_k]`.
+    `slot_map [E]` maps experts to slots of the pools `w13 [S, 2I, H]`, `w2 [S, H, I]`; every
+    routed expert must have a slot. None: the pools are the stacked experts (E == S)."""
+    T, H = x.shape
+    top_k = topk_ids.shape[1]
+    if slot_map is None:
+        num_experts = w13.shape[0]
+        slot_map = torch.arange(num_experts, dtype=torch.int32, device=x.device)
+    num_experts = slot_map.shape[0]
+    align = moe_align_block_size(topk_ids, block_size_m(T * top_k, num_experts), num_experts)
+    act = torch.empty(T * top_k, w2.shape[2], dtype=x.dtype, device=x.device)
+    pairs = torch.empty(T * top_k, H, dtype=x.dtype, device=x.device)
+    fused_moe_pass(x, w13, w2, topk_weights.contiguous(), align, slot_map, act, pairs)
+    return reduce_pairs(pairs, top_k, x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# PyTorch reference
+# ----------------------------------------------------------------------------------------------
+def fused_moe_ref(x, w13, w2, topk_weights, topk_ids, slot_map=None) -> torch.Tensor:
+    """The same contract as `fused_moe`, in fp32 PyTorch, one pair at a time (pairs whose expert
+    has no slot contribute nothing)."""
+    T, top_k = topk_ids.shape
+    I = w2.shape[2]
+    out = torch.zeros(T, x.shape[1], dtype=torch.float32, device=x.device)
+    slots = slot_map.tolist() if slot_map is not None else list(range(w13.shape[0]))
+    for t in range(T):
+        for j in range(top_k):
+            s = slots[int(topk_ids[t, j])]
+            if s < 0:
+                continue
+            xt = x[t].float()
+            g, u = w13[s, :I].float() @ xt, w13[s, I:].float() @ xt
+            out[t] += topk_weights[t, j].float() * (w2[s].float() @ (F.silu(g) * u))
+    return out.to(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Benchmark (GPU): `python -m kernels.fused_moe`
+# ----------------------------------------------------------------------------------------------
+def _bench_configs():
+    return [triton.testing.Benchmark(
+        x_names=["T"], x_vals=[1, 8, 64, 512], line_arg="provider", line_vals=["fused", "torch-loop"],
+        line_names=["fused_moe (Triton)", "per-expert matmuls (PyTorch)"], ylabel="GB/s of weights read",
+        plot_name=f"fused_moe-E{E}-H{H}-I{I}-k{k}", args={"E": E, "H": H, "I": I, "k": k})
+        for E, H, I, k in [(8, 4096, 14336, 2), (128, 2048, 768, 8)]]
+
+
+def bench_fused_moe(print_data: bool = True):
+    """Weight bytes read per second of one MoE layer (distinct routed experts x expert bytes)."""
+    from backend.model import grouped_experts
+
+    @triton.testing.perf_report(_bench_configs())
+    def bench(T, provider, E, H, I, k):
+        dev, dt = torch.device("cuda"), torch.bfloat16
+        g = torch.Generator(device=dev).manual_seed(0)
+        x = torch.randn(T, H, device=dev, dtype=dt, generator=g)
+        w13 = torch.randn(E, 2 * I, H, device=dev, dtype=dt, generator=g) * H ** -0.5
+        w2 = torch.randn(E, H, I, device=dev, dtype=dt, generator=g) * I ** -0.5
+        probs = torch.rand(T, E, device=dev, generator=g).softmax(-1)
+        weights, ids = torch.topk(probs, k, dim=-1)
+        weights = weights.to(dt)
+        if provider == "fused":
+            fn = lambda: fused_moe(x, w13, w2, weights, ids)  # noqa: E731
+        else:
+            fn = lambda: grouped_experts(x, weights, ids, E, lambda e: (w13[e, :I], w13[e, I:], w2[e]))  # noqa: E731
+        ms = triton.testing.do_bench(fn)
+        used = int(torch.unique(ids).numel())
+        return used * 3 * H * I * 2 / ms * 1e-6
+
+    bench.run(print_data=print_data)
+
+
+if __name__ == "__main__":
+    bench_fused_moe()

@@ -1,0 +1,95 @@
+"""kernels/fused_moe.py against its PyTorch reference (CPU: TRITON_INTERPRET=1, small shapes).
+
+Tolerance |out - ref| <= atol + rtol |ref|: fp32 (1e-5, 1e-5); fp16 (2e-3, 2e-3) and bf16 (1.6e-2,
+1.6e-2), about two units in the last place of the output dtype: the kernel rounds the SiLU-gated
+activation to the input dtype between the two projections (as vLLM does), the reference keeps
+fp32 throughout.
+"""
+from kernels.testing import use_interpreter_without_gpu
+
+DEVICE = use_interpreter_without_gpu()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kernels.fused_moe import (block_size_m, fused_moe, fused_moe_pass, fused_moe_ref,  # noqa: E402
+                               moe_align_block_size, reduce_pairs)
+
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+
+
+def _case(T, H, I, E, top_k, dtype, seed=0, num_slots=None):
+    """Inputs with the experts placed at random slots of a larger pool (other slots hold noise)."""
+    g = torch.Generator().manual_seed(seed)
+    S = num_slots or E
+    x = torch.randn(T, H, generator=g)
+    w13 = torch.randn(S, 2 * I, H, generator=g) * H ** -0.5
+    w2 = torch.randn(S, H, I, generator=g) * I ** -0.5
+    probs = torch.rand(T, E, generator=g).softmax(-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    slot_map = torch.randperm(S, generator=g)[:E].int().to(DEVICE) if num_slots else None
+    cast = lambda t: t.to(dtype).to(DEVICE)  # noqa: E731
+    return cast(x), cast(w13), cast(w2), cast(weights), ids.to(DEVICE), slot_map
+
+
+def _check(out, ref, dtype):
+    atol, rtol = TOL[dtype]
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
+
+
+def test_align_worked_example():
+    a = moe_align_block_size(torch.tensor([[2, 0], [2, 1]]), 2, 3)
+    assert a.sorted_token_ids.tolist() == [1, 4, 3, 4, 0, 2, 4, 4]
+    assert a.expert_ids.tolist() == [0, 1, 2, -1] and a.num_tokens_post_padded.tolist() == [6]
+
+
+@pytest.mark.parametrize("T, top_k, E, block", [(1, 2, 8, 16), (13, 3, 5, 4), (40, 8, 64, 16)])
+def test_align_invariants(T, top_k, E, block):
+    ids = torch.stack([torch.randperm(E, generator=torch.Generator().manual_seed(t))[:top_k] for t in range(T)])
+    a = moe_align_block_size(ids, block, E)
+    numel = T * top_k
+    sorted_ids = a.sorted_token_ids.tolist()
+    assert len(sorted_ids) % block == 0 and len(a.expert_ids) == len(sorted_ids) // block
+    assert sorted(i for i in sorted_ids if i < numel) == list(range(numel))  # each pair exactly once
+    used = a.num_tokens_post_padded.item()
+    assert all(i == numel for i in sorted_ids[used:]) and all(e == -1 for e in a.expert_ids[used // block:].tolist())
+    flat = ids.reshape(-1).tolist()
+    for tile, e in enumerate(a.expert_ids[: used // block].tolist()):  # one expert per tile
+        assert all(flat[p] == e for p in sorted_ids[tile * block:(tile + 1) * block] if p < numel)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_dtypes(dtype):
+    # H and I not multiples of the tiles: masked K and N edges
+    args = _case(T=5, H=40, I=24, E=4, top_k=2, dtype=dtype, seed=1)
+    _check(fused_moe(*args), fused_moe_ref(*args), dtype)
+
+
+@pytest.mark.parametrize("T, E, top_k", [(1, 8, 2), (3, 16, 8), (70, 4, 2), (9, 4, 1)])
+def test_shapes_and_tiles(T, E, top_k):
+    # decode (one token), many experts, prefill tiles (M-tile 32 for 35 pairs per expert), top-1
+    args = _case(T=T, H=32, I=48, E=E, top_k=top_k, dtype=torch.float32, seed=T)
+    _check(fused_moe(*args), fused_moe_ref(*args), torch.float32)
+    assert block_size_m(70 * 2, 4) == 32 and block_size_m(200 * 2, 4) == 64 and block_size_m(8, 128) == 16
+
+
+def test_reads_experts_through_the_slot_map():
+    x, w13, w2, weights, ids, slot_map = _case(T=6, H=32, I=16, E=5, top_k=2, dtype=torch.float32, num_slots=9)
+    out = fused_moe(x, w13, w2, weights, ids, slot_map)
+    stacked = fused_moe_ref(x, w13[slot_map.long()], w2[slot_map.long()], weights, ids)  # experts gathered
+    _check(out, stacked, torch.float32)
+
+
+def test_passes_over_disjoint_slots_fill_every_pair():
+    """Two passes, each with half the experts in the slot map (the others -1), equal one call."""
+    T, H, I, E, k = 7, 32, 16, 6, 2
+    x, w13, w2, weights, ids, slot_map = _case(T, H, I, E, k, torch.float32, seed=3, num_slots=E)
+    align = moe_align_block_size(ids, 16, E)
+    act = torch.empty(T * k, I, device=DEVICE)
+    pairs = torch.full((T * k, H), float("nan"), device=DEVICE)  # every row must be written once
+    for half in (range(0, 3), range(3, 6)):
+        part = torch.full((E,), -1, dtype=torch.int32, device=DEVICE)
+        part[list(half)] = slot_map[list(half)]
+        fused_moe_pass(x, w13, w2, weights, align, part, act, pairs)
+    _check(reduce_pairs(pairs, k, x.dtype), fused_moe(x, w13, w2, weights, ids, slot_map), torch.float32)
