@@ -481,7 +481,7 @@ class ALRKVDFormat(KVFormat):
         "rank_per_head": (float, 4.0),   # default budget = round(rank_per_head * 2H)
         "rank_min": (int, 0),
         "rank_max": (int, None),         # None -> head_dim // 2
-        "key_weight": (float, 1.0),      # energy weight of key streams vs value streams in water-filling
+        "key_weight": (float, 4.0),      # energy weight of key streams vs value streams in water-filling
         "latent_bits": (int, 8),
         "basis_bits": (int, 8),
         "k_bits": (int, 2),

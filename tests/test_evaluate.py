@@ -1,0 +1,114 @@
+"""alrkvd-eval (backend/evaluate.py): perplexity through the engine's real paged cache, memory accounting
+of the result, chunking invariance for the exact format, passkey prompts, and the CLI's JSON."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from backend import evaluate
+from backend.kv_formats import make_format
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WIKITEXT = os.path.join(REPO, "data", "wikitext-2-raw", "wiki.test.raw")
+
+
+def test_wikitext_copy_is_there_with_attribution():
+    if not os.path.exists(WIKITEXT):
+        pytest.fail(f"missing {WIKITEXT}: the quality benchmark reads WikiText-2 from data/wikitext-2-raw/")
+    assert os.path.getsize(WIKITEXT) == 1290547
+    readme = open(os.path.join(os.path.dirname(WIKITEXT), "README.md")).read()
+    assert "CC BY-SA" in readme and "Merity" in readme
+    assert evaluate.DEFAULT_TEXT == WIKITEXT
+
+
+def test_parse_kv_opts():
+    assert evaluate.parse_kv_opts(["k_bits=3", "codebook = gauss", "x=a=b"]) == \
+        {"k_bits": "3", "codebook": "gauss", "x": "a=b"}
+    with pytest.raises(SystemExit):
+        evaluate.parse_kv_opts(["novalue"])
+
+
+def test_memoized_decode_is_identical_and_invalidated_on_encode():
+    fmt = make_format("alrkvd", 2, 3, 64, torch.float32, "cpu", 4, rank_budget="8", latent_bits="4")
+    raw = make_format("alrkvd", 2, 3, 64, torch.float32, "cpu", 4, rank_budget="8", latent_bits="4")
+    evaluate.memoize_decode(fmt)
+    g = torch.Generator().manual_seed(0)
+    for b in range(3):
+        k, v = torch.randn(128, 3, 64, generator=g), torch.randn(128, 3, 64, generator=g)
+        fmt.encode(1, b, k, v)
+        raw.encode(1, b, k, v)
+    for ids in ([0, 1, 2], [2, 0], [], [1]):
+        a, b = fmt.decode(1, ids), raw.decode(1, ids)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    k, v = torch.randn(128, 3, 64, generator=g), torch.randn(128, 3, 64, generator=g)
+    fmt.encode(1, 1, k, v)                      # a block id reused after being freed: fresh content
+    raw.encode(1, 1, k, v)
+    assert torch.equal(fmt.decode(1, [1])[0], raw.decode(1, [1])[0])
+
+
+@pytest.fixture(scope="module")
+def engine():
+    args = argparse.Namespace(model="default", device="cpu", dtype="auto", chunk=64)
+    eng = evaluate.load_engine(args)
+    ids = evaluate.load_text_ids(eng, WIKITEXT, 512)
+    return eng, ids
+
+
+def test_passkey_prompt(engine):
+    eng, _ = engine
+    ids = evaluate.passkey_prompt(eng.tokenizer, 1024, 0.5, "48213")
+    assert 900 <= len(ids) <= 1024
+    text = eng.tokenizer.decode(ids)
+    assert "48213" in text and text.rstrip().endswith("The pass key is")
+    assert text.index("48213") > len(text) // 4
+
+
+def test_perplexity_chunking_invariant_for_exact_format(engine):
+    """fp16 (the model dtype) is exact: feeding a window in chunks through the cache gives the same logits
+    as feeding it at once."""
+    eng, ids = engine
+    evaluate.set_cache(eng, "fp16", {}, 256)
+    a = evaluate.perplexity(eng, ids[:256], 256, 256)
+    b = evaluate.perplexity(eng, ids[:256], 256, 64)
+    assert a["tokens"] == b["tokens"] == 255
+    assert a["ppl"] == pytest.approx(b["ppl"], rel=1e-4)
+
+
+def test_perplexity_through_compressed_cache(engine):
+    eng, ids = engine
+    res = {}
+    for kv, opts in (("fp16", {}), ("kivi2", {}), ("kivi4", {}),
+                     ("alrkvd", {"rank_budget": "24", "key_weight": "4", "latent_bits": "4", "scale_bits": "8"})):
+        evaluate.set_cache(eng, kv, opts, 512)
+        r = evaluate.perplexity(eng, ids, 512, 128)
+        assert r["tokens"] == 511 and r["windows"] == 1 and math.isfinite(r["ppl"])
+        # bytes: 4 closed blocks (+ the window slot for windowed formats) over 512 tokens
+        cache = eng.cache
+        blocks = 512 // cache.block_size
+        expect = (blocks * cache.block_bytes + (cache.slot_bytes if cache.windowed else 0)) / 512
+        assert r["kv_bytes_per_token"] == pytest.approx(expect)
+        assert r["baseline_bytes_per_token"] == 2 * 30 * 3 * 64 * 2
+        assert r["compression"] == pytest.approx(r["baseline_bytes_per_token"] / r["kv_bytes_per_token"])
+        res[kv] = r
+    assert res["fp16"]["compression"] == pytest.approx(0.5)           # fp32 model on CPU
+    # compressed past blocks cost perplexity, more bits cost less
+    assert res["fp16"]["ppl"] <= res["kivi4"]["ppl"] * 1.01
+    assert res["kivi4"]["ppl"] < res["kivi2"]["ppl"]
+    assert res["alrkvd"]["ppl"] < res["kivi2"]["ppl"]
+    assert res["alrkvd"]["kv_block_bytes_per_token"] < res["kivi2"]["kv_block_bytes_per_token"]
+
+
+def test_cli_json(capsys):
+    rc = evaluate.main(["perplexity", "--kv", "kivi4", "--context", "256", "--max-tokens", "300",
+                        "--chunk", "128", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("ppl", "tokens", "kv_bytes_per_token", "baseline_bytes_per_token", "compression"):
+        assert key in out
+    assert out["tokens"] == 255 + 43 and out["windows"] == 2 and out["kv"] == "kivi4"
+    assert out["kv_options"]["block_size"] == 128
