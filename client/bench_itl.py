@@ -46,8 +46,13 @@ def load_engine(model: str):
         "engine_config", REPO_ROOT / "model_repository" / model / "1" / "engine_config.py")
     ec = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ec)
-    args = ec.engine_args_from_config({"parameters": _config_parameters(model)},
-                                      str(REPO_ROOT / "model_repository" / model), EngineArgs)
+    config = {"parameters": _config_parameters(model)}
+    args = ec.engine_args_from_config(config, str(REPO_ROOT / "model_repository" / model), EngineArgs)
+    threads = ec.server_options(config)["torch_num_threads"]  # as model.py does
+    if threads > 0:
+        import torch
+
+        torch.set_num_threads(threads)
     return AsyncEngine(args)
 
 

@@ -76,3 +76,14 @@ def test_dummy_moe_is_a_scaled_down_qwen3_moe():
 def test_both_models_share_one_implementation():
     dummy = REPO / "qwen3moe_dummy" / "1"
     assert dummy.is_symlink() and dummy.resolve() == (REPO / "smollm2" / "1").resolve()
+
+
+def test_server_options_and_thread_override(monkeypatch):
+    ec = _load("engine_config")
+    params = parameters(REPO / "smollm2" / "config.pbtxt")
+    monkeypatch.delenv("ALRKVD_TORCH_THREADS", raising=False)
+    assert ec.server_options({"parameters": params}) == {"torch_num_threads": 0}
+    monkeypatch.setenv("ALRKVD_TORCH_THREADS", "1")
+    assert ec.server_options({"parameters": params})["torch_num_threads"] == 1
+    with pytest.raises(ValueError, match="torch_num_threads"):
+        ec.server_options({"parameters": {"torch_num_threads": {"string_value": "many"}}})

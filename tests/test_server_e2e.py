@@ -383,7 +383,11 @@ spec = importlib.util.spec_from_file_location("engine_config", model_dir / "1" /
 ec = importlib.util.module_from_spec(spec); spec.loader.exec_module(ec)
 found = re.findall(r'\\{\\s*key:\\s*"([^"]+)",\\s*value:\\s*\\{\\s*string_value:\\s*"([^"]*)"\\s*\\}\\s*\\}',
                    (model_dir / "config.pbtxt").read_text())
-args = ec.engine_args_from_config({"parameters": {k: {"string_value": v} for k, v in found}}, str(model_dir), EngineArgs)
+config = {"parameters": {k: {"string_value": v} for k, v in found}}
+args = ec.engine_args_from_config(config, str(model_dir), EngineArgs)
+threads = ec.server_options(config)["torch_num_threads"]  # as model.py does
+if threads > 0:
+    import torch; torch.set_num_threads(threads)
 out = LLMEngine(args).generate([sys.argv[2]], SamplingParams(max_tokens=int(sys.argv[3]), temperature=0, ignore_eos=True))[0]
 print(json.dumps({"text": out.text, "finish_reason": out.finish_reason}))
 """

@@ -12,6 +12,8 @@ import os
 from dataclasses import fields
 
 PATH_KEYS = ("model", "tokenizer")
+# Options of the model process itself, not of the engine: key -> default.
+SERVER_KEYS = {"torch_num_threads": "0"}  # 0: torch's default (one thread per core)
 
 
 def _parse(key: str, value: str, annotation: str):
@@ -44,6 +46,8 @@ def engine_args_from_config(model_config: dict, model_dir: str, engine_args_cls,
     known = {f.name: str(f.type) for f in fields(engine_args_cls)}
     kwargs = {}
     for key, entry in (model_config.get("parameters") or {}).items():
+        if key in SERVER_KEYS:
+            continue
         if key not in known:
             raise ValueError(f"config parameter {key!r} is not an engine option; known: {sorted(known)}")
         kwargs[key] = _parse(key, entry["string_value"], known[key])
@@ -55,3 +59,23 @@ def engine_args_from_config(model_config: dict, model_dir: str, engine_args_cls,
             if os.path.exists(candidate):
                 kwargs[key] = candidate
     return engine_args_cls(**kwargs)
+
+
+def server_options(model_config: dict) -> dict:
+    """The SERVER_KEYS options as ints; $ALRKVD_TORCH_THREADS overrides torch_num_threads.
+
+    On a machine shared with other work, one thread per core oversubscribes the cores and each
+    step waits on descheduled threads (7x slower measured on 2 busy cores): set it to 1 there.
+    """
+    params = model_config.get("parameters") or {}
+    out = {}
+    for key, default in SERVER_KEYS.items():
+        value = params.get(key, {}).get("string_value", default)
+        try:
+            out[key] = int(value)
+        except ValueError:
+            raise ValueError(f"config parameter {key!r}={value!r} is not a valid int") from None
+    env = os.environ.get("ALRKVD_TORCH_THREADS")
+    if env:
+        out["torch_num_threads"] = int(env)
+    return out

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
-from engine_config import engine_args_from_config
+from engine_config import engine_args_from_config, server_options
 from triton_metrics import MetricsLogger, TritonMetrics
 from triton_request import INPUTS, OUTPUTS, GenerateRequest, RequestError, invalid, unavailable
 
@@ -71,7 +71,10 @@ class TritonPythonModel:
         self._setup_metrics()
         self._start_response_thread()
         self._start_event_loop()
-        self.logger.log_info(f"[alrkvd] {args['model_name']} ready: {self.engine_args}")
+        import torch
+
+        self.logger.log_info(f"[alrkvd] {args['model_name']} ready ({torch.get_num_threads()} torch threads): "
+                             f"{self.engine_args}")
 
     def _init_engine_args(self):
         overrides = {}
@@ -81,6 +84,11 @@ class TritonPythonModel:
             self.model_config, self.args["model_repository"], self.engine_mod.EngineArgs, overrides)
 
     def _init_engine(self):
+        threads = server_options(self.model_config)["torch_num_threads"]
+        if threads > 0:
+            import torch
+
+            torch.set_num_threads(threads)
         self.engine = self.engine_mod.AsyncEngine(self.engine_args)  # loads weights, starts its thread
         inner = getattr(self.engine, "engine", None)
         self.vocab_size = getattr(getattr(inner, "cfg", None), "vocab_size", None)
