@@ -112,7 +112,7 @@ def set_cache(eng, kv_format: str, options: dict, context: int, num_seqs: int = 
     eng.cache = None
     eng.cache = PagedKVCache(eng.cfg, eng.model.rotary, kv_format, dict(options), budget, num_seqs, dtype,
                              eng.args.device)
-    if eng.max_model_len < context + 64:
+    if eng.max_model_len < context:
         raise SystemExit(f"context {context} exceeds the model's {eng.max_model_len} positions")
     memoize_decode(eng.cache.format)
     return eng

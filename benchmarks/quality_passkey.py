@@ -60,7 +60,7 @@ def main(argv=None) -> int:
         for line in a.configs:
             parts = line.split()
             kv, opts = parts[0], dict(x.split("=", 1) for x in parts[1:])
-            set_cache(eng, kv, opts, ctx + 64)
+            set_cache(eng, kv, opts, ctx)
             trials = run_passkey(eng, ctx, a.trials, a.seed)
             res = {"config": line, "context": ctx, "found": sum(t["found"] for t in trials), "total": len(trials),
                    "model": a.model, "dtype": str(eng.cache.dtype).replace("torch.", ""), "trials": trials}
