@@ -3,8 +3,10 @@
 One greedy stream at a time, `--tokens` tokens, `--rounds` rounds; each round runs, back to back,
 the engine in this process (AsyncEngine, the model's config.pbtxt options), then the same request
 through a running server over gRPC and over HTTP, so slow drifts in machine load hit all three
-alike. Reported per path: the median over rounds of each stream's median gap between tokens, and
-the server's own view (model.py's alrkvd:time_per_output_token_seconds) of the Triton streams.
+alike. Reported per path: the median over rounds of each stream's mean gap between tokens, and
+model.py's own view of each Triton stream (alrkvd:time_per_output_token_seconds over that
+stream): client gap minus model.py gap, on the same tokens, is what Triton's transport adds to
+the gaps.
 
     alrkvd-serve --models smollm2 &        # or make serve
     python -m client.bench_itl --grpc-url 127.0.0.1:8001 --http-url 127.0.0.1:8000 --out reports/bench_itl.json
@@ -126,30 +128,38 @@ def run(args) -> int:
     metrics_url = args.metrics_url or f"http://{args.http_url.rsplit(':', 1)[0]}:8002/metrics"
 
     engine = load_engine(args.model)
-    rows = {"engine": [], "grpc": [], "http": [], "server_tpot": []}
+    rows = {k: [] for k in ("engine", "grpc", "http", "grpc_model_py", "http_model_py")}
     for r in range(args.rounds + 1):  # round 0 warms everything up and is dropped
-        e = statistics.median(engine_gaps(engine, args.tokens, f"bench-{r}"))
-        s0 = server_tpot(metrics_url, args.model)
-        g = complete(PROMPT, url=args.grpc_url, protocol="grpc", model=args.model,
-                     max_tokens=args.tokens, temperature=0, ignore_eos=True)
-        h = complete(PROMPT, url=args.http_url, protocol="http", model=args.model,
-                     max_tokens=args.tokens, temperature=0, ignore_eos=True)
-        s1 = server_tpot(metrics_url, args.model)
+        e = statistics.mean(engine_gaps(engine, args.tokens, f"bench-{r}"))
+        per = {}
+        for proto, url in (("grpc", args.grpc_url), ("http", args.http_url)):
+            s0 = server_tpot(metrics_url, args.model)
+            c = complete(PROMPT, url=url, protocol=proto, model=args.model,
+                         max_tokens=args.tokens, temperature=0, ignore_eos=True)
+            s1 = server_tpot(metrics_url, args.model)
+            # the same tokens seen by the client and by model.py: the difference is Triton's
+            per[proto] = (statistics.mean(c.itl_s), (s1[0] - s0[0]) / max(1.0, s1[1] - s0[1]))
         if r == 0:
             continue
         rows["engine"].append(e)
-        rows["grpc"].append(statistics.median(g.itl_s))
-        rows["http"].append(statistics.median(h.itl_s))
-        rows["server_tpot"].append((s1[0] - s0[0]) / max(1.0, s1[1] - s0[1]))
-        print(f"round {r}: engine {e * 1e3:6.1f} ms  model.py {rows['server_tpot'][-1] * 1e3:6.1f} ms  "
-              f"gRPC {rows['grpc'][-1] * 1e3:6.1f} ms  HTTP {rows['http'][-1] * 1e3:6.1f} ms", file=sys.stderr)
+        for proto, (client_itl, model_py) in per.items():
+            rows[proto].append(client_itl)
+            rows[f"{proto}_model_py"].append(model_py)
+        print(f"round {r}: engine {e * 1e3:6.1f} ms | gRPC {per['grpc'][0] * 1e3:6.1f} ms "
+              f"(model.py {per['grpc'][1] * 1e3:6.1f}) | HTTP {per['http'][0] * 1e3:6.1f} ms "
+              f"(model.py {per['http'][1] * 1e3:6.1f})", file=sys.stderr)
     engine.shutdown()
     med = {k: statistics.median(v) for k, v in rows.items()}
+    paired = {p: statistics.median([a - b for a, b in zip(rows[p], rows[f"{p}_model_py"])])
+              for p in ("grpc", "http")}
     result = {
         "model": args.model, "tokens": args.tokens, "rounds": args.rounds,
         "load_average": os.getloadavg(), "cpus": os.cpu_count(),
-        "median_s": med, "rounds_s": rows,
-        "overhead_s": {"grpc": med["grpc"] - med["engine"], "http": med["http"] - med["engine"]},
+        "mean_gap_s_median_over_rounds": med, "rounds_s": rows,
+        # client gap - model.py gap on the same stream: what Triton's transport adds to the gap
+        # between tokens (a constant per-token delay does not widen gaps and is not in here)
+        "client_minus_model_py_gap_s": paired,
+        "vs_engine_alone_s": {p: med[p] - med["engine"] for p in ("grpc", "http")},
     }
     print(json.dumps(result, indent=2))
     if args.out:
