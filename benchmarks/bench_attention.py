@@ -280,9 +280,9 @@ def bench_config(batch, length, variants, args, device, copy_bw, gen):
 # Launch configurations tried by --tune (stage 1 of each kernel), at B=8, L=32k.
 TUNE_SPACE = {
     "paged_decode_stage1": [dict(BLOCK_N=n, num_warps=w, num_stages=st)
-                            for n, w, st in [(32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 3), (128, 8, 2)]],
+                            for n, w, st in [(32, 4, 2), (32, 8, 2), (64, 8, 2), (64, 8, 3), (128, 8, 2)]],
     "alrkvd_decode_stage1": [dict(BLOCK_N=n, num_warps=w, num_stages=st)
-                             for n, w, st in [(16, 4, 2), (32, 4, 2), (32, 8, 2), (64, 4, 2), (64, 8, 2)]],
+                             for n, w, st in [(16, 4, 2), (16, 8, 2), (32, 8, 2), (32, 8, 3), (64, 8, 2)]],
 }
 
 

@@ -42,7 +42,7 @@ from kernels.paged_attention import (
 )
 from kernels.tuning import get_config
 
-_DEFAULT_STAGE1 = {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+_DEFAULT_STAGE1 = {"BLOCK_N": 32, "num_warps": 8, "num_stages": 2}  # sm_90: 255 regs, ~128 B spill
 
 
 @dataclass(frozen=True)
@@ -200,12 +200,15 @@ def _rope(x1, x2, cos, sin):
 
 
 @triton.jit
-def _cos_sin(pos0, cos_j, sin_j, Inv_freq_ptrs):
-    """cos/sin [BLOCK_N, D/2] of positions pos0 + j by angle addition from the per-program tables of
-    j * inv_freq (cos_j, sin_j): one cos and one sin per frequency and tile."""
-    ang0 = pos0 * tl.load(Inv_freq_ptrs)  # fp32, as fl(t * inv_freq) in the reference
+def _cos_sin(pos0, Inv_freq, Rope_j, offs_n, offs_h, HALF: tl.constexpr, BLOCK_N: tl.constexpr):
+    """cos/sin [BLOCK_N, D/2] of positions pos0 + j by angle addition: one cos and one sin per
+    frequency and tile, and the table Rope_j [2, BLOCK_N, D/2] of cos/sin(j * inv_freq) (L1-resident)."""
+    ang0 = pos0 * tl.load(Inv_freq + offs_h)  # fp32, as fl(t * inv_freq) in the reference
     c0 = tl.cos(ang0)[None, :]
     s0 = tl.sin(ang0)[None, :]
+    j_ptrs = Rope_j + offs_n[:, None] * HALF + offs_h[None, :]
+    cos_j = tl.load(j_ptrs)
+    sin_j = tl.load(j_ptrs + BLOCK_N * HALF)
     return c0 * cos_j - s0 * sin_j, s0 * cos_j + c0 * sin_j
 
 
@@ -215,7 +218,7 @@ def _cos_sin(pos0, cos_j, sin_j, Inv_freq_ptrs):
 @triton.jit
 def _alrkvd_decode_stage1(
     # Pointers: query, paging, window
-    Q, Block_tables, Seq_lens, Window_slots, Window_k, Window_v, Inv_freq,
+    Q, Block_tables, Seq_lens, Window_slots, Window_k, Window_v, Inv_freq, Rope_j,
     # Pointers: compressed blocks
     Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero,
     K_resid, K_rscale, K_rzero, K_levels, V_resid, V_rscale, V_rzero, V_levels, Rot_t,
@@ -272,16 +275,12 @@ def _alrkvd_decode_stage1(
     q1 = tl.load(q_row + offs_h[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16).to(DOT_DTYPE)
     q2 = tl.load(q_row + HALF + offs_h[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16).to(DOT_DTYPE)
 
-    # -- per-program tables of j * inv_freq for the tile offsets j (angle addition, see _cos_sin)
-    inv_freq_ptrs = Inv_freq + offs_h
-    ang_j = offs_n.to(tl.float32)[:, None] * tl.load(inv_freq_ptrs)[None, :]
-    cos_j = tl.cos(ang_j)
-    sin_j = tl.sin(ang_j)
 
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)  # values, original space
-    acc_rot = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)  # value residual, rotated space
+    if ROTATE:
+        acc_rot = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)  # value residual, rotated space
 
     if pid_s == num_splits:
         # ---------------- the window: full precision, keys before RoPE ----------------
@@ -294,7 +293,7 @@ def _alrkvd_decode_stage1(
             k_ptrs = Window_k + rows[:, None]
             k1 = tl.load(k_ptrs + offs_h[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
             k2 = tl.load(k_ptrs + HALF + offs_h[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
-            cos, sin = _cos_sin(start_n, cos_j, sin_j, inv_freq_ptrs)
+            cos, sin = _cos_sin(start_n, Inv_freq, Rope_j, offs_n, offs_h, HALF, BLOCK_N)
             r1, r2 = _rope(k1, k2, cos, sin)
             s = tl.dot(q1, tl.trans(r1.to(tl.float16).to(DOT_DTYPE)))
             s += tl.dot(q2, tl.trans(r2.to(tl.float16).to(DOT_DTYPE)))
@@ -309,14 +308,11 @@ def _alrkvd_decode_stage1(
         offs_s = tl.arange(0, BLOCK_S)
         bt_row = Block_tables + pid_b * stride_btb
         kvh64 = pid_kvh.to(tl.int64)
-        if ROTATE:  # rot^T split by output RoPE half, loaded once per program
-            rot1 = tl.load(Rot_t + offs_d[:, None] * HEAD_DIM + offs_h[None, :]).to(DOT_DTYPE)
-            rot2 = tl.load(Rot_t + offs_d[:, None] * HEAD_DIM + HALF + offs_h[None, :]).to(DOT_DTYPE)
         for blk in range(blk_start, blk_end):
             block = tl.load(bt_row + blk).to(tl.int64)
 
-            # -- per block: this head's K and V streams (offset and rank inside the R rows), their
-            #    basis rows (dequantized, rows >= rank masked to 0) and latent scale/zero
+            # -- per block: this head's K and V streams (offset and rank inside the R rows), the
+            #    scales of their basis rows and latents (rows >= rank masked to 0)
             rk = tl.load(Ranks + block * stride_rkn + offs_s, mask=offs_s < 2 * NUM_KV_HEADS, other=0).to(tl.int32)
             off_k = tl.sum(tl.where(offs_s < pid_kvh, rk, 0), 0)
             r_k = tl.sum(tl.where(offs_s == pid_kvh, rk, 0), 0)
@@ -327,13 +323,6 @@ def _alrkvd_decode_stage1(
             sc_blk = block * stride_bsn
             basis_blk = Basis + block * stride_bn
             bk_s = tl.load(Basis_scale + sc_blk + off_k + offs_r, mask=mk, other=0.0).to(tl.float32)[:, None]
-            bk1 = _load_rows(basis_blk + off_k * stride_br, offs_r, offs_h, mk, offs_h < HALF, stride_br)
-            bk2 = _load_rows(basis_blk + off_k * stride_br + HALF, offs_r, offs_h, mk, offs_h < HALF, stride_br)
-            bk1 = (bk1.to(tl.float32) * bk_s).to(tl.float16).to(DOT_DTYPE)
-            bk2 = (bk2.to(tl.float32) * bk_s).to(tl.float16).to(DOT_DTYPE)
-            bv_s = tl.load(Basis_scale + sc_blk + off_v + offs_r, mask=mv, other=0.0).to(tl.float32)[:, None]
-            bv = _load_rows(basis_blk + off_v * stride_br, offs_r, offs_d, mv, offs_d < HEAD_DIM, stride_br)
-            bv = (bv.to(tl.float32) * bv_s).to(tl.float16).to(DOT_DTYPE)
             lk_s = tl.load(Latent_scale + sc_blk + off_k + offs_r, mask=mk, other=0.0).to(tl.float32)[None, :]
             lk_z = tl.load(Latent_zero + sc_blk + off_k + offs_r, mask=mk, other=0.0).to(tl.float32)[None, :]
             lv_s = tl.load(Latent_scale + sc_blk + off_v + offs_r, mask=mv, other=0.0).to(tl.float32)[None, :]
@@ -352,14 +341,18 @@ def _alrkvd_decode_stage1(
                 # -- keys: low-rank part per RoPE half, plus the residual back in the original space
                 lk = _load_rows(lat_blk + off_k, rows, offs_r, mask_n, mk, stride_lt).to(tl.float32)
                 lk = (lk * lk_s + lk_z).to(tl.float16).to(DOT_DTYPE)
-                k1 = tl.dot(lk, bk1)
-                k2 = tl.dot(lk, bk2)
+                # the block's key basis, per RoPE half: reloaded per tile (L1 hits), as registers are short
+                bk1 = _load_rows(basis_blk + off_k * stride_br, offs_r, offs_h, mk, offs_h < HALF, stride_br)
+                bk2 = _load_rows(basis_blk + off_k * stride_br + HALF, offs_r, offs_h, mk, offs_h < HALF, stride_br)
+                k1 = tl.dot(lk, (bk1.to(tl.float32) * bk_s).to(tl.float16).to(DOT_DTYPE))
+                k2 = tl.dot(lk, (bk2.to(tl.float32) * bk_s).to(tl.float16).to(DOT_DTYPE))
                 if ROTATE:
                     e = _dequant_resid(kr, K_rscale + ks_off, K_rzero + ks_off, K_levels, rows, mask_n,
                                        stride_krt, stride_kst, HEAD_DIM, K_BITS, RES_GROUP, UNIFORM,
                                        0, HEAD_DIM, BLOCK_N).to(tl.float16).to(DOT_DTYPE)
-                    k1 += tl.dot(e, rot1)
-                    k2 += tl.dot(e, rot2)
+                    # rot^T by output RoPE half (from L1/L2: registers are short here)
+                    k1 += tl.dot(e, tl.load(Rot_t + offs_d[:, None] * HEAD_DIM + offs_h[None, :]).to(DOT_DTYPE))
+                    k2 += tl.dot(e, tl.load(Rot_t + offs_d[:, None] * HEAD_DIM + HALF + offs_h[None, :]).to(DOT_DTYPE))
                 else:
                     k1 += _dequant_resid(kr, K_rscale + ks_off, K_rzero + ks_off, K_levels, rows, mask_n,
                                          stride_krt, stride_kst, HEAD_DIM, K_BITS, RES_GROUP, UNIFORM,
@@ -369,7 +362,7 @@ def _alrkvd_decode_stage1(
                                          HALF, HALF, BLOCK_N)
 
                 # -- RoPE at positions blk * T + rows, scores of every query head of the group
-                cos, sin = _cos_sin(blk * BLOCK_SIZE + row0, cos_j, sin_j, inv_freq_ptrs)
+                cos, sin = _cos_sin(blk * BLOCK_SIZE + row0, Inv_freq, Rope_j, offs_n, offs_h, HALF, BLOCK_N)
                 r1, r2 = _rope(k1, k2, cos, sin)
                 s = tl.dot(q1, tl.trans(r1.to(tl.float16).to(DOT_DTYPE)))
                 s += tl.dot(q2, tl.trans(r2.to(tl.float16).to(DOT_DTYPE)))
@@ -383,17 +376,26 @@ def _alrkvd_decode_stage1(
                                     stride_vrt, stride_vst, HEAD_DIM, V_BITS, RES_GROUP, UNIFORM,
                                     0, HEAD_DIM, BLOCK_N)
                 acc_blk = acc_blk * alpha[:, None] + tl.dot(p16, lv.to(tl.float16).to(DOT_DTYPE))
-                acc = acc * alpha[:, None]
-                acc_rot = acc_rot * alpha[:, None] + tl.dot(p16, ev.to(tl.float16).to(DOT_DTYPE))
+                if ROTATE:
+                    acc = acc * alpha[:, None]
+                    acc_rot = acc_rot * alpha[:, None] + tl.dot(p16, ev.to(tl.float16).to(DOT_DTYPE))
+                else:
+                    acc = acc * alpha[:, None] + tl.dot(p16, ev.to(tl.float16).to(DOT_DTYPE))
 
             # -- the block's value latents up-projected once by its basis
+            bv_s = tl.load(Basis_scale + sc_blk + off_v + offs_r, mask=mv, other=0.0).to(tl.float32)[:, None]
+            bv = _load_rows(basis_blk + off_v * stride_br, offs_r, offs_d, mv, offs_d < HEAD_DIM, stride_br)
+            bv = (bv.to(tl.float32) * bv_s).to(tl.float16).to(DOT_DTYPE)
             acc += tl.dot(acc_blk.to(tl.float16).to(DOT_DTYPE), bv)
 
-        if ROTATE:
-            rot = tl.load(Rot_t + offs_d[:, None] * HEAD_DIM + offs_d[None, :]).to(tl.float32)
-            acc += tl.dot(acc_rot, rot, input_precision="ieee")
-        else:
-            acc += acc_rot
+        if ROTATE:  # un-rotate the value residual once: fp16 tensor-core dots of a hi + lo split of
+            #         the normalised sum (in fp16 range whatever the length)
+            rot = tl.load(Rot_t + offs_d[:, None] * HEAD_DIM + offs_d[None, :]).to(DOT_DTYPE)
+            l_safe = tl.where(l_i > 0, l_i, 1.0)[:, None]
+            acc_rot = acc_rot / l_safe
+            hi = acc_rot.to(tl.float16)
+            lo = (acc_rot - hi.to(tl.float32)).to(tl.float16)
+            acc += (tl.dot(hi.to(DOT_DTYPE), rot) + tl.dot(lo.to(DOT_DTYPE), rot)) * l_safe
 
     store_partial(Mid_o + pid_b * stride_mob + pid_s * stride_mos, Mid_lse + pid_b * stride_mlb + pid_s,
                   acc, m_i, l_i, heads, offs_d, mask_g, offs_d < HEAD_DIM, stride_moh, stride_mlh)
@@ -421,8 +423,11 @@ def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_
     k_rzero = cache.k_rzero if uniform else dummy
     v_rzero = cache.v_rzero if uniform else dummy
     grid = (batch, num_kv_heads, num_partials)
+    # cos/sin(j * inv_freq) for the tile offsets j, as the kernel's fp32 product (angle addition)
+    ang_j = torch.arange(block_n, device=q.device, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    rope_j = torch.stack([ang_j.cos(), ang_j.sin()])
     _alrkvd_decode_stage1[grid](
-        q, block_tables, seq_lens, window_slots, window_k, window_v, inv_freq,
+        q, block_tables, seq_lens, window_slots, window_k, window_v, inv_freq, rope_j,
         cache.ranks, cache.basis, cache.basis_scale, cache.latent, cache.latent_scale, cache.latent_zero,
         cache.k_resid, cache.k_rscale, k_rzero, cache.k_levels if not uniform else dummy,
         cache.v_resid, cache.v_rscale, v_rzero, cache.v_levels if not uniform else dummy,

@@ -1,0 +1,91 @@
+"""Compile the kernels for a GPU target without a GPU (Triton's bundled ptxas) and print their
+resource use: registers, spill stack, shared memory. Catches compile errors and register spills
+before a run on the H200. Takes a minute or two on a CPU:
+
+    .venv/bin/python -m kernels.aot_check            # sm_90 (H200)
+    .venv/bin/python -m kernels.aot_check --arch 100
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import tempfile
+import time
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from kernels import alrkvd_attention, alrkvd_compress, paged_attention
+
+
+def _usage(compiled) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(compiled.asm["cubin"])
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    os.unlink(f.name)
+    return " ".join(line.strip() for line in out.splitlines() if "REG" in line)
+
+
+def compile_one(fn, pointers: dict, floats: set, constexprs: dict, options: dict, target) -> str:
+    """Compile `fn` for `target` with pointer element types `pointers`, fp32 scalars `floats`, i32 for
+    the other runtime arguments; returns cuobjdump's resource line."""
+    sig = {}
+    for p in fn.params:
+        sig[p.name] = ("constexpr" if p.name in constexprs else "*" + pointers[p.name] if p.name in pointers
+                       else "fp32" if p.name in floats else "i32")
+    consts = {(fn.arg_names.index(name),): value for name, value in constexprs.items()}
+    return _usage(triton.compile(ASTSource(fn, sig, constexprs=consts), target=target, options=options))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--arch", type=int, default=90)
+    target = GPUTarget("cuda", ap.parse_args().arch, 32)
+    f16, f32 = tl.float16, tl.float32
+    paged_ptrs = dict(Q="fp16", K_cache="fp16", V_cache="fp16", Block_tables="i32", Seq_lens="i32",
+                      Mid_o="fp32", Mid_lse="fp32")
+    alr_ptrs = dict(Q="fp16", Block_tables="i32", Seq_lens="i32", Window_slots="i32", Window_k="fp16",
+                    Window_v="fp16", Inv_freq="fp32", Rope_j="fp32", Ranks="i16", Basis="i8", Basis_scale="fp16",
+                    Latent="u8", Latent_scale="fp16", Latent_zero="fp16", K_resid="u8", K_rscale="fp16",
+                    K_rzero="fp16", K_levels="fp32", V_resid="u8", V_rscale="fp16", V_rzero="fp16",
+                    V_levels="fp32", Rot_t="fp16", Mid_o="fp32", Mid_lse="fp32")
+    comp_ptrs = dict(K_src="fp16", V_src="fp16", Block_ids="i64", Ranks="i16", Basis="i8", Basis_scale="fp16",
+                     Rot="fp32", K_levels="fp32", K_edges="fp32", V_levels="fp32", V_edges="fp32", Search="fp32",
+                     Latent="u8", Latent_scale="fp16", Latent_zero="fp16", K_resid="u8", K_rscale="fp16",
+                     K_rzero="fp16", V_resid="u8", V_rscale="fp16", V_rzero="fp16")
+    alr_common = dict(NUM_KV_HEADS=8, GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_SIZE=128, BLOCK_S=16, K_BITS=2,
+                      V_BITS=2, RES_GROUP=64, UNIFORM=False, DOT_DTYPE=f16)
+    cfg = alrkvd_attention._DEFAULT_STAGE1
+    jobs = [
+        ("paged stage 1 (D=128, G=4, page 16)", paged_attention._paged_decode_stage1, paged_ptrs, {"qk_scale"},
+         dict(GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, PAGE_SIZE=16,
+              BLOCK_N=paged_attention._DEFAULT_STAGE1["BLOCK_N"], DOT_DTYPE=f16),
+         {k: v for k, v in paged_attention._DEFAULT_STAGE1.items() if k != "BLOCK_N"}),
+        ("decode reduce (D=128)", paged_attention._decode_reduce_stage2, dict(Mid_o="fp32", Mid_lse="fp32", Out="fp16"),
+         set(), dict(BLOCK_P=16, HEAD_DIM=128, BLOCK_D=128), dict(num_warps=1)),
+    ] + [
+        (f"alrkvd stage 1 (rank<=64, rotate={rot})", alrkvd_attention._alrkvd_decode_stage1, alr_ptrs, {"qk_scale"},
+         dict(alr_common, BLOCK_N=cfg["BLOCK_N"], BLOCK_R=64, ROTATE=rot),
+         {k: v for k, v in cfg.items() if k != "BLOCK_N"})
+        for rot in (True, False)
+    ] + [
+        ("alrkvd compress (T=128, D=128)", alrkvd_compress._alrkvd_compress_kernel, comp_ptrs, set(),
+         dict(NUM_KV_HEADS=8, T=128, D=128, BLOCK_R=64, BLOCK_S=16, K_BITS=2, V_BITS=2, GROUP=64, UNIFORM=False,
+              ROTATE=True, NSEARCH=5), alrkvd_compress._DEFAULT),
+    ]
+    del f32
+    for name, fn, ptrs, floats, consts, opts in jobs:
+        t = time.perf_counter()
+        try:
+            usage = compile_one(fn, ptrs, floats, consts, opts, target)
+        except Exception as exc:  # noqa: BLE001 - report every kernel
+            usage = f"FAILED {type(exc).__name__}: {str(exc)[:300]}"
+        print(f"{name:<42} {time.perf_counter() - t:5.1f}s  {usage}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
