@@ -225,6 +225,12 @@ def passkey_prompt(tokenizer, context: int, depth: float, key: str) -> list[int]
     return enc(text)
 
 
+def key_found(key: str, answer: str) -> bool:
+    """The key appears in the answer as a whole number (``604949`` does not contain the key ``60494``)."""
+    import re
+    return re.search(rf"(?<!\d){re.escape(key)}(?!\d)", answer) is not None
+
+
 def cmd_passkey(args) -> dict:
     from backend.sampling import SamplingParams
     if args.threads:
@@ -247,7 +253,7 @@ def cmd_passkey(args) -> dict:
                 if o.finished and o.request_id == rid:
                     out = o
         answer = out.text if out is not None else ""
-        found = key in answer
+        found = key_found(key, answer)
         trials.append({"depth": round(d, 3), "key": key, "prompt_tokens": len(ids), "answer": answer,
                        "found": found, "seconds": round(time.time() - tt, 1)})
         if args.verbose:

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from backend.evaluate import load_engine, passkey_prompt, set_cache  # noqa: E402
+from backend.evaluate import key_found, load_engine, passkey_prompt, set_cache  # noqa: E402
 
 
 def run_passkey(eng, context: int, trials: int, seed: int = 0) -> list[dict]:
@@ -39,14 +39,15 @@ def run_passkey(eng, context: int, trials: int, seed: int = 0) -> list[dict]:
                     final = o
         answer = final.text if final is not None else ""
         out.append({"depth": round(depth, 3), "key": key, "prompt_tokens": len(ids), "answer": answer,
-                    "found": key in answer, "seconds": round(time.time() - t, 1)})
+                    "found": key_found(key, answer), "seconds": round(time.time() - t, 1)})
     return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("configs", nargs="+")
-    p.add_argument("--contexts", type=int, nargs="+", default=[2048, 4096, 8192])
+    p.add_argument("--contexts", type=int, nargs="+", default=[2048, 4096, 8192],
+                   help="(put the configurations before this option)")
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--chunk", type=int, default=512, help="prefill tokens per step (the engine's default 512)")
