@@ -80,7 +80,7 @@ class PagedKVCache:
         self.kv_format = kv_format
         # Fused decode attention on CUDA (kernels/); the PyTorch path everywhere else and for prefill.
         self.decode_kernel = None
-        if str(device).startswith("cuda") and attention_backend in ("auto", "triton") and kv_format == "fp16":
+        if str(device).startswith("cuda") and attention_backend in ("auto", "triton") and kv_format in ("full", "fp16"):
             from kernels.paged_attention import paged_decode_attention
             self.decode_kernel = paged_decode_attention
         elif attention_backend not in ("auto", "torch", "triton"):

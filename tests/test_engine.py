@@ -15,7 +15,7 @@ ATOL_FP32 = 2e-3
 
 @pytest.fixture(scope="module")
 def smollm():
-    return LLMEngine(EngineArgs(model="default", kv_format="fp16", max_num_seqs=16))
+    return LLMEngine(EngineArgs(model="default", kv_format="full", max_num_seqs=16))
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +111,10 @@ def test_abort_frees_blocks(smollm):
 def test_preemption_recomputes_and_frees():
     """A cache too small for all sequences: the engine preempts, the outputs do not change."""
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
-    roomy = LLMEngine(EngineArgs(kv_format="fp16"))
+    roomy = LLMEngine(EngineArgs(kv_format="full"))
     expected = [o.token_ids for o in roomy.generate(PROMPTS, params)]
     block_bytes = roomy.cache.block_bytes
-    tight = LLMEngine(EngineArgs(kv_format="fp16", kv_budget_bytes=12 * block_bytes))  # 12 blocks of 16 tokens
+    tight = LLMEngine(EngineArgs(kv_format="full", kv_budget_bytes=12 * block_bytes))  # 12 blocks of 16 tokens
     got = [o.token_ids for o in tight.generate(PROMPTS, params)]
     assert tight.num_preemptions > 0
     assert got == expected

@@ -93,8 +93,9 @@ def test_unknown_option_and_bad_values_are_rejected():
 def check_bound(fmt, k, v, kk, vv):
     """Each format's stated bound (docs/ALRKVD.md)."""
     name = fmt.name
-    if name == "fp16":
-        assert torch.equal(kk, k.to(fmt.dtype)) and torch.equal(vv, v.to(fmt.dtype))
+    if name in ("full", "fp16"):  # exact in the storage dtype
+        store = fmt.k_cache.dtype
+        assert torch.equal(kk, k.to(store).to(fmt.dtype)) and torch.equal(vv, v.to(store).to(fmt.dtype))
     elif name == "int8":
         for x, y in ((k, kk), (v, vv)):
             scale = x.abs().amax(-1, keepdim=True) / 127
@@ -334,7 +335,8 @@ def _bits_per_element(name, opts):
 
 
 def test_bytes_per_token_formulas():
-    assert _bits_per_element("fp16", {}) == 32                   # the model dtype (fp32 here)
+    assert _bits_per_element("full", {}) == 32                   # the model dtype (fp32 here)
+    assert _bits_per_element("fp16", {}) == 16
     assert _bits_per_element("int8", {}) == 8 + 16 / D
     for b in (2, 3, 4):
         assert _bits_per_element(f"kivi{b}", {}) == b + 2 * 16 / 32

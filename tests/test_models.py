@@ -38,7 +38,7 @@ def checkpoint(request, tmp_path_factory):
                 p.normal_(0, 0.2)
     folder = tmp_path_factory.mktemp(request.param)
     ref.save_pretrained(folder)
-    engine = LLMEngine(EngineArgs(model=str(folder), tokenizer="default", kv_format="fp16"))
+    engine = LLMEngine(EngineArgs(model=str(folder), tokenizer="default", kv_format="full"))
     return request.param, ref, engine
 
 
