@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from backend.kv_cache import AttentionBatch, PagedKVCache, SeqKV
+from backend.kv_formats import FORMATS
 from backend.loader import load_model
 from backend.sampling import SamplingParams, sample
 from backend.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -86,6 +87,8 @@ class Sequence:
 
 class LLMEngine:
     def __init__(self, args: EngineArgs):
+        if args.kv_format not in FORMATS:  # fail before the (slow) model load
+            raise ValueError(f"unknown kv format {args.kv_format!r}; choose from {sorted(FORMATS)}")
         if args.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', not {args.scheduling_policy!r}")
         self.args = args
