@@ -55,17 +55,22 @@ def memoize_decode(fmt) -> None:
         return
     memo: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
     orig_decode, orig_encode = fmt.decode, fmt.encode
+    positional = getattr(fmt, "options", {}).get("key_frame") == "post_rope"
 
-    def encode(layer, block_id, k, v):
+    def encode(layer, block_id, k, v, **kw):
         memo.pop((layer, int(block_id)), None)
-        orig_encode(layer, block_id, k, v)
+        orig_encode(layer, block_id, k, v, **kw)
 
     def decode(layer, block_ids):
         ids = [int(b) for b in (block_ids.tolist() if torch.is_tensor(block_ids) else block_ids)]
         missing = [b for b in ids if (layer, b) not in memo]
-        if missing:
+        T = fmt.block_size
+        if missing and positional:       # the reconstruction depends on the block's place in the sequence
+            for i, b in enumerate(ids):
+                if (layer, b) not in memo:
+                    memo[(layer, b)] = orig_decode(layer, [b], start_pos=i * T)
+        elif missing:
             k, v = orig_decode(layer, missing)
-            T = fmt.block_size
             for i, b in enumerate(missing):
                 memo[(layer, b)] = (k[i * T:(i + 1) * T], v[i * T:(i + 1) * T])
         if not ids:
@@ -114,6 +119,8 @@ def set_cache(eng, kv_format: str, options: dict, context: int, num_seqs: int = 
                              eng.args.device)
     if eng.max_model_len < context:
         raise SystemExit(f"context {context} exceeds the model's {eng.max_model_len} positions")
+    if hasattr(eng.cache.format, "set_rotary"):
+        eng.cache.format.set_rotary(eng.model.rotary)
     memoize_decode(eng.cache.format)
     return eng
 

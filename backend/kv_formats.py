@@ -307,10 +307,13 @@ class KVFormat:
         dtype (keys before RoPE when ``rope_on_read``)."""
         raise NotImplementedError
 
-    def roundtrip(self, k: torch.Tensor, v: torch.Tensor, layer: int = 0, block_id: int = 0):
-        """Compress one block [block_size, H, D] into block ``block_id`` and return its reconstruction."""
+    def roundtrip(self, k: torch.Tensor, v: torch.Tensor, layer: int = 0, block_id: int = 0, **kw):
+        """Compress one block [block_size, H, D] into block ``block_id`` and return its reconstruction
+        (``kw``: e.g. ``start_pos`` for formats that need the block's position)."""
         if self.windowed:
-            self.encode(layer, block_id, k, v)
+            self.encode(layer, block_id, k, v, **kw)
+            kk, vv = self.decode(layer, [block_id], **kw)
+            return kk[: k.shape[0]], vv[: k.shape[0]]
         else:
             n = k.shape[0]
             ids = torch.full((n,), block_id, dtype=torch.long, device=self.device)
@@ -506,6 +509,7 @@ class ALRKVDFormat(KVFormat):
         "rotate": (_to_bool, True),      # randomized Hadamard on the residual
         "seed": (int, 1234),
         "exact_tokens": (int, 0),        # per block, the tokens with the largest residual energy kept exactly (fp16)
+        "key_frame": (str, "pre_rope"),  # key residual quantized before RoPE (pre_rope) or after it (post_rope)
     }
 
     def _validate(self):
@@ -526,6 +530,8 @@ class ALRKVDFormat(KVFormat):
             raise ValueError("codebook must be gauss or uniform")
         if o["codebook"] == "gauss" and max(o["k_bits"], o["v_bits"]) > 6:
             raise ValueError("gauss codebook supports up to 6 bits")
+        if o["key_frame"] not in ("pre_rope", "post_rope"):
+            raise ValueError("key_frame must be pre_rope or post_rope")
         if o["scale_bits"] not in (8, 16) or (o["scale_bits"] == 8 and o["codebook"] != "gauss"):
             raise ValueError("scale_bits must be 16, or 8 with the gauss codebook")
         if D % o["group"] or D % 8 or T % 8:
@@ -562,6 +568,22 @@ class ALRKVDFormat(KVFormat):
             self._alloc("exact_v", (n, H, D), torch.float16)
         self._rot = rotation_matrix(D, o["seed"]).to(self.device) if o["rotate"] else None
         self._head_tilt = torch.ones(self.num_layers, 2 * H)
+        self._rotary = None
+
+    def set_rotary(self, rotary) -> None:
+        """The model's RoPE tables (an object with ``cos``/``sin`` [max_len, D], HF half-split layout), needed
+        by ``key_frame=post_rope``."""
+        self._rotary = rotary
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+        """RoPE (or its inverse) of x [..., T, H, D] at positions [T] (float32)."""
+        if self._rotary is None:
+            raise ValueError("alrkvd key_frame=post_rope needs the model's RoPE tables: call set_rotary(rotary)")
+        cos = self._rotary.cos[positions].to(x.device, torch.float32)[:, None]     # [T, 1, D]
+        sin = self._rotary.sin[positions].to(x.device, torch.float32)[:, None]
+        half = x.shape[-1] // 2
+        rot_half = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos - rot_half * sin if inverse else x * cos + rot_half * sin
 
     def _raise_r(self):
         raise ValueError("rank_budget must be a multiple of 8 when latent_bits < 8")
@@ -652,10 +674,15 @@ class ALRKVDFormat(KVFormat):
         w, U = w.flip(-1).clamp_min(0), U.flip(-1)
         return w.sqrt().float().to(X.device), U.transpose(1, 2).float().to(X.device)
 
-    def encode(self, layer, block_id, k, v):
+    def encode(self, layer, block_id, k, v, start_pos: int | None = None):
+        """Compress one full block: k [T, H, D] before RoPE, v [T, H, D].  ``start_pos`` (the position of
+        the block's first token) is needed by ``key_frame=post_rope`` only."""
         o = self.options
         T, H, D = self.block_size, self.num_kv_heads, self.head_dim
         R = o["rank_budget"]
+        post = o["key_frame"] == "post_rope"
+        if post and start_pos is None:
+            raise ValueError("alrkvd key_frame=post_rope: encode needs start_pos (the block's first position)")
         X = torch.cat([k.float(), v.float()], dim=1).permute(1, 0, 2).contiguous()   # [2H, T, D]
         rec = torch.zeros_like(X)
         if R > 0:
@@ -692,6 +719,9 @@ class ALRKVDFormat(KVFormat):
             self.exact_idx[layer, block_id] = idx.to(torch.int16)
             self.exact_k[layer, block_id] = k[idx].to(torch.float16)
             self.exact_v[layer, block_id] = v[idx].to(torch.float16)
+        if post:    # key residual in the frame of the rotated keys: RoPE(k) - RoPE(L_hat B)
+            E = torch.cat([self._rope(E[:, :H], torch.arange(start_pos, start_pos + T, device=E.device)),
+                           E[:, H:]], dim=1)
         if self._rot is not None:
             E = E @ self._rot
         for kv, sl, bits in (("k", slice(0, H), o["k_bits"]), ("v", slice(H, 2 * H), o["v_bits"])):
@@ -703,7 +733,9 @@ class ALRKVDFormat(KVFormat):
             if base is not None:
                 getattr(self, f"{kv}_rbase")[layer, block_id] = base
 
-    def decode(self, layer, block_ids):
+    def decode(self, layer, block_ids, start_pos: int = 0):
+        """Keys before RoPE and values of the listed blocks; with ``key_frame=post_rope`` the blocks are taken
+        as consecutive from position ``start_pos`` (the cache decodes a sequence's table from its start)."""
         o = self.options
         ids = self._ids(block_ids, self.device)
         n = ids.numel()
@@ -720,6 +752,10 @@ class ALRKVDFormat(KVFormat):
         E = torch.cat(outs, dim=2)                                                     # [n, T, 2H, D]
         if self._rot is not None:
             E = E @ self._rot.t()
+        if o["key_frame"] == "post_rope" and n:
+            pos = torch.arange(start_pos, start_pos + n * T, device=E.device)
+            ek = self._rope(E[:, :, :H].reshape(n * T, H, D), pos, inverse=True).reshape(n, T, H, D)
+            E = torch.cat([ek, E[:, :, H:]], dim=2)
         if R > 0:
             bb = o["basis_bits"]
             if bb == 8:
@@ -748,10 +784,13 @@ class ALRKVDFormat(KVFormat):
         return k.to(self.dtype), v.to(self.dtype)
 
 
-def _alrkvd_key_scores(self, layer: int, block_id: int, q: torch.Tensor) -> torch.Tensor:
+def _alrkvd_key_scores(self, layer: int, block_id: int, q: torch.Tensor, start_pos: int | None = None) -> torch.Tensor:
     """Reference for fused kernels: q . k_hat for every token of one block, computed in the compressed
     domain, q [T, H, D] (one query per key token, in the pre-RoPE frame of that key, i.e. RoPE^-1(pos) q):
-    (q B_s^T) . L_hat_s  +  (q rot) . E_hat_rot  (exact tokens: q . k_exact).  Returns [T, H] float32."""
+    (q B_s^T) . L_hat_s  +  (q' rot) . E_hat_rot  (exact tokens: q . k_exact), where q' = q for
+    ``key_frame=pre_rope`` and q' = RoPE(pos) q, the query as it is, for ``post_rope`` (then ``start_pos``
+    is the block's first position): with post_rope a kernel rotates the query by ``rot`` once and never
+    touches the key residual again.  Returns [T, H] float32."""
     o = self.options
     T, H, D = self.block_size, self.num_kv_heads, self.head_dim
     q = q.float()
@@ -761,7 +800,10 @@ def _alrkvd_key_scores(self, layer: int, block_id: int, q: torch.Tensor) -> torc
     z = self.k_rzero[layer, ids][0] if o["codebook"] == "uniform" else None
     base = self.k_rbase[layer, ids][0] if o["scale_bits"] == 8 else None
     e_rot = self._dequant_resid(qq, s_, z, o["k_bits"], base)                       # [T, H, D] rotated frame
-    q_rot = q @ self._rot if self._rot is not None else q
+    q_res = q
+    if o["key_frame"] == "post_rope":
+        q_res = self._rope(q, torch.arange(start_pos, start_pos + T, device=q.device))
+    q_rot = q_res @ self._rot if self._rot is not None else q_res
     scores = (q_rot * e_rot).sum(-1)
     R = o["rank_budget"]
     if R > 0:

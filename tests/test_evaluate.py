@@ -69,10 +69,10 @@ def test_passkey_prompt(engine):
 
 
 def test_perplexity_chunking_invariant_for_exact_format(engine):
-    """fp16 (the model dtype) is exact: feeding a window in chunks through the cache gives the same logits
+    """'full' (the model dtype) is exact: feeding a window in chunks through the cache gives the same logits
     as feeding it at once."""
     eng, ids = engine
-    evaluate.set_cache(eng, "fp16", {}, 256)
+    evaluate.set_cache(eng, "full", {}, 256)
     a = evaluate.perplexity(eng, ids[:256], 256, 256)
     b = evaluate.perplexity(eng, ids[:256], 256, 64)
     assert a["tokens"] == b["tokens"] == 255
@@ -82,7 +82,7 @@ def test_perplexity_chunking_invariant_for_exact_format(engine):
 def test_perplexity_through_compressed_cache(engine):
     eng, ids = engine
     res = {}
-    for kv, opts in (("fp16", {}), ("kivi2", {}), ("kivi4", {}),
+    for kv, opts in (("full", {}), ("fp16", {}), ("kivi2", {}), ("kivi4", {}),
                      ("alrkvd", {"rank_budget": "24", "key_weight": "4", "latent_bits": "4", "scale_bits": "8"})):
         evaluate.set_cache(eng, kv, opts, 512)
         r = evaluate.perplexity(eng, ids, 512, 128)
@@ -120,3 +120,26 @@ def test_key_found_needs_the_whole_number():
     assert not evaluate.key_found("60494", " 604949.")
     assert not evaluate.key_found("60494", " 160494")
     assert not evaluate.key_found("60494", " 1234567")
+
+
+def test_memoized_decode_keeps_positions_for_post_rope():
+    from backend.config import ModelConfig
+    from backend.model import Rotary
+    cfg = ModelConfig(model_type="llama", vocab_size=10, hidden_size=384, num_layers=2, num_heads=6,
+                      num_kv_heads=3, head_dim=64, intermediate_size=8, rope_theta=10000.0)
+    rot = Rotary(cfg, 2048, "cpu")
+    opts = dict(key_frame="post_rope", rank_budget="8", latent_bits="4")
+    fmt = make_format("alrkvd", 2, 3, 64, torch.float32, "cpu", 4, **opts)
+    raw = make_format("alrkvd", 2, 3, 64, torch.float32, "cpu", 4, **opts)
+    fmt.set_rotary(rot)
+    raw.set_rotary(rot)
+    evaluate.memoize_decode(fmt)
+    g = torch.Generator().manual_seed(0)
+    table = [3, 0, 2]                              # block ids of one sequence, in order
+    for i, b in enumerate(table):
+        k, v = torch.randn(128, 3, 64, generator=g), torch.randn(128, 3, 64, generator=g)
+        fmt.encode(0, b, k, v, start_pos=i * 128)
+        raw.encode(0, b, k, v, start_pos=i * 128)
+    fmt.decode(0, table[:1])                       # memoize the first block alone, then all
+    a, b = fmt.decode(0, table), raw.decode(0, table)
+    assert torch.allclose(a[0], b[0], atol=1e-6) and torch.equal(a[1], b[1])

@@ -408,3 +408,63 @@ def test_registry_names():
     assert FORMATS["kivi2"].windowed and not FORMATS["kivi2"].rope_on_read
     assert not FORMATS["fp16"].windowed and not FORMATS["int8"].windowed
     assert math.isclose(FORMATS["kivi3"].default_block_size, 128)
+
+
+# ---------------------------------------------------------------------------------------------------
+# key_frame=post_rope: the key residual is quantized after RoPE (a kernel folds the rotation into q)
+# ---------------------------------------------------------------------------------------------------
+
+def _rotary():
+    from backend.config import ModelConfig
+    from backend.model import Rotary
+    cfg = ModelConfig(model_type="llama", vocab_size=10, hidden_size=H * D * 2, num_layers=L, num_heads=2 * H,
+                      num_kv_heads=H, head_dim=D, intermediate_size=8, rope_theta=10000.0)
+    return Rotary(cfg, 4096, "cpu")
+
+
+POST = {"key_frame": "post_rope", "scale_bits": "8", "latent_bits": "4", "rank_budget": "24"}
+
+
+def test_post_rope_needs_positions_and_tables():
+    fmt = make_format("alrkvd", L, H, D, torch.float32, "cpu", 4, **POST)
+    k, v = random_kv(128)
+    with pytest.raises(ValueError, match="start_pos"):
+        fmt.encode(0, 0, k, v)
+    with pytest.raises(ValueError, match="set_rotary"):
+        fmt.encode(0, 0, k, v, start_pos=0)
+
+
+def test_post_rope_error_bound_and_same_error_as_pre_rope():
+    rot = _rotary()
+    errs = {}
+    for frame in ("pre_rope", "post_rope"):
+        fmt = make_format("alrkvd", L, H, D, torch.float32, "cpu", 8, **{**POST, "key_frame": frame})
+        fmt.set_rotary(rot)
+        tot = 0.0
+        for b in range(6):
+            k, v = random_kv(128, seed=b)
+            kk, vv = fmt.roundtrip(k, v, layer=1, block_id=b, start_pos=b * 128 + 7)
+            check_bound(fmt, k, v, kk, vv)
+            tot += ((kk - k).norm() / k.norm()).item()
+        errs[frame] = tot / 6
+    # RoPE is orthogonal per token: quantizing the residual in either frame errs the same on average
+    assert errs["post_rope"] == pytest.approx(errs["pre_rope"], rel=0.1)
+
+
+def test_post_rope_decode_positions_and_compressed_scores():
+    rot = _rotary()
+    fmt = make_format("alrkvd", L, H, D, torch.float32, "cpu", 4, **POST)
+    fmt.set_rotary(rot)
+    blocks = [random_kv(128, seed=s) for s in range(3)]
+    for b, (k, v) in enumerate(blocks):
+        fmt.encode(0, b, k, v, start_pos=b * 128)
+    k_all, _ = fmt.decode(0, [0, 1, 2])
+    k2, _ = fmt.decode(0, [2], start_pos=256)
+    assert torch.allclose(k_all[256:], k2, atol=1e-5)
+    # the stored residual is in the RoPE frame: decoding at wrong positions reconstructs worse
+    k_wrong, _ = fmt.decode(0, [2], start_pos=0)
+    kb = blocks[2][0]
+    assert (k_wrong - kb).norm() > 1.5 * (k2 - kb).norm()
+    q = torch.randn(128, H, D)
+    ref = (q * k2).sum(-1)
+    assert torch.allclose(fmt.key_scores(0, 2, q, start_pos=256), ref, atol=1e-3, rtol=1e-4)
