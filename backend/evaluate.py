@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     def common(sp):
-        sp.add_argument("--kv", default="fp16", help="KV format: fp16 (model dtype), int8, kivi2/3/4, alrkvd")
+        sp.add_argument("--kv", default="fp16", help="KV format: full (model dtype), fp16 (16-bit), int8, kivi2/3/4, alrkvd")
         sp.add_argument("--kv-opt", action="append", default=[], metavar="KEY=VALUE",
                         help="format option (repeatable), e.g. block_size=128, k_bits=2")
         sp.add_argument("--model", default="default", help="'default' (SmolLM2-135M GGUF), a .gguf or a HF folder")
