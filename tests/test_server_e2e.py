@@ -371,37 +371,30 @@ def test_metrics_match_what_was_sent(triton_server):
 
 
 # ----------------------------------------------------------------------------------------------
-# the server changes nothing: same greedy text as the engine run offline
+# the server changes nothing: same greedy text as alrkvd-generate
 # ----------------------------------------------------------------------------------------------
 
-OFFLINE = """
-import importlib.util, json, re, sys
-from pathlib import Path
-from backend.engine import EngineArgs, LLMEngine, SamplingParams
-model_dir = Path("model_repository") / sys.argv[1]
-spec = importlib.util.spec_from_file_location("engine_config", model_dir / "1" / "engine_config.py")
-ec = importlib.util.module_from_spec(spec); spec.loader.exec_module(ec)
-found = re.findall(r'\\{\\s*key:\\s*"([^"]+)",\\s*value:\\s*\\{\\s*string_value:\\s*"([^"]*)"\\s*\\}\\s*\\}',
-                   (model_dir / "config.pbtxt").read_text())
-config = {"parameters": {k: {"string_value": v} for k, v in found}}
-args = ec.engine_args_from_config(config, str(model_dir), EngineArgs)
-threads = ec.server_options(config)["torch_num_threads"]  # as model.py does
-if threads > 0:
-    import torch; torch.set_num_threads(threads)
-out = LLMEngine(args).generate([sys.argv[2]], SamplingParams(max_tokens=int(sys.argv[3]), temperature=0, ignore_eos=True))[0]
-print(json.dumps({"text": out.text, "finish_reason": out.finish_reason}))
-"""
 
-
-def test_greedy_output_equals_the_engine_run_offline(triton_server, reference):
-    """The engine with the model's own config.pbtxt options, outside Triton, gives the same text."""
+def test_greedy_output_equals_alrkvd_generate(triton_server, reference):
+    """alrkvd-generate with the model's KV format (config.pbtxt) gives the server's greedy text."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, "-c", OFFLINE, triton_server.model, PROMPT, "24"], cwd=root,
-                         capture_output=True, text=True, timeout=900)
+    config = requests.get(f"http://{triton_server.http_url}/v2/models/{triton_server.model}/config",
+                          timeout=10, headers=CLOSE).json()
+    params = {k: v["string_value"] for k, v in config["parameters"].items()}
+    assert params["model"] == "default", "alrkvd-generate runs the default model here"
+    cmd = [sys.executable, "-m", "backend.generate", "--prompt", PROMPT, "--max-tokens", "24",
+           "--temperature", "0", "--ignore-eos", "--kv", params["kv_format"], "--json"]
+    for key, value in json.loads(params.get("kv_options") or "{}").items():
+        cmd += ["--kv-opt", f"{key}={value}"]
+    env = dict(os.environ)
+    if env.get("ALRKVD_TORCH_THREADS"):  # the server's thread count, for identical float sums
+        env["OMP_NUM_THREADS"] = env["ALRKVD_TORCH_THREADS"]
+    out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     offline = json.loads(out.stdout.strip().splitlines()[-1])
-    assert offline == {"text": reference, "finish_reason": "length"}
+    assert offline["text"] == reference
