@@ -108,13 +108,12 @@ def test_abort_frees_blocks(smollm):
     assert not smollm.has_unfinished()
 
 
-def test_preemption_recomputes_and_frees():
+def test_preemption_recomputes_and_frees(smollm):
     """A cache too small for all sequences: the engine preempts, the outputs do not change."""
-    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
-    roomy = LLMEngine(EngineArgs(kv_format="full"))
-    expected = [o.token_ids for o in roomy.generate(PROMPTS, params)]
-    block_bytes = roomy.cache.block_bytes
-    tight = LLMEngine(EngineArgs(kv_format="full", kv_budget_bytes=12 * block_bytes))  # 12 blocks of 16 tokens
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    expected = [o.token_ids for o in smollm.generate(PROMPTS, params)]
+    # 8 blocks of 16 tokens: the four sequences need 10 at their longest
+    tight = LLMEngine(EngineArgs(kv_format="full", kv_budget_bytes=8 * smollm.cache.block_bytes))
     got = [o.token_ids for o in tight.generate(PROMPTS, params)]
     assert tight.num_preemptions > 0
     assert got == expected
