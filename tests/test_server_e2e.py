@@ -184,6 +184,13 @@ def test_dummy_moe_model_serves(triton_server):
     r = complete("Route me through the experts", url=triton_server.grpc_url, model="qwen3moe_dummy",
                  max_tokens=8, **GREEDY)
     assert (r.finish_reason, r.num_output_tokens) == ("length", 8)
+    # Its experts stream through a device cache of half their bytes (config.pbtxt): some must
+    # have been copied, and the hit rate is a fraction.
+    samples = wait_for(lambda: (s := scrape(triton_server)) and
+                       metric(s, "alrkvd:expert_bytes_streamed", "qwen3moe_dummy") > 0 and s)
+    assert samples, "no expert bytes streamed"
+    assert 0 < metric(samples, "alrkvd:expert_hit_rate", "qwen3moe_dummy") < 1
+    assert metric(samples, "alrkvd:expert_bytes_streamed", "smollm2") == 0  # dense model: nothing to stream
 
 
 # ----------------------------------------------------------------------------------------------

@@ -24,6 +24,16 @@ FINISH_REASONS = ("stop", "length", "cancelled")
 FAILURE_REASONS = ("invalid", "queue_full", "error")
 
 
+EXPERT_GAUGES = {
+    "expert_hit_rate": "Share of routed expert uses found in the device expert cache",
+    "expert_prefetch_precision": "Share of prefetched experts that were then used",
+    "expert_prefetch_recall": "Share of used experts that had been prefetched",
+    "expert_bytes_streamed": "Expert bytes copied host to device since start",
+    "expert_bytes_per_token": "Expert bytes copied host to device per token",
+    "expert_stall_s_per_token": "Seconds per token the compute stream waited for expert copies",
+}
+
+
 class TritonMetrics:
     """All metric families and this model's labelled metrics."""
 
@@ -66,6 +76,9 @@ class TritonMetrics:
         self.kv_compression = metric(
             "alrkvd:kv_cache_compression_ratio", "KV bytes per token of fp16 over those of the cache format",
             F.GAUGE)
+        # Expert streaming (backend/experts.py); they stay at 0 where every expert is resident.
+        self.experts = {key: metric(f"alrkvd:{key}", description, F.GAUGE)
+                        for key, description in EXPERT_GAUGES.items()}
 
 
     def close(self):
@@ -180,3 +193,5 @@ class MetricsLogger:
         m.kv_usage.set(used / total if total else 0.0)
         m.kv_bytes_used.set(s.get("kv_bytes_used", 0))
         m.kv_compression.set(s.get("compression", 1.0))
+        for key, gauge in m.experts.items():
+            gauge.set(s.get(key, 0.0))
