@@ -100,16 +100,23 @@ class LLMEngine:
         self.tokenizer = None if args.tokenizer == "none" else Tokenizer.load(args.tokenizer or args.model)
         self.max_model_len = args.max_model_len or self.cfg.max_position_embeddings
         self.model.setup_rotary(self.max_model_len)
-        dtype = self.model.embed_tokens.weight.dtype
-        self.cache = PagedKVCache(self.cfg, self.model.rotary, args.kv_format, args.kv_options,
-                                  args.kv_budget_bytes, args.max_num_seqs, dtype, args.device,
-                                  args.attention_backend)
         self.stop_ids = set(self.tokenizer.stop_token_ids if self.tokenizer else ()) | set(self.cfg.eos_token_id)
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.requests: dict[str, Sequence] = {}
         self.ids = itertools.count()
         self.num_preemptions = 0
+        self.reset_cache(args.kv_format, args.kv_options, args.kv_budget_bytes, args.max_num_seqs)
+
+    def reset_cache(self, kv_format: str, kv_options: dict, budget_bytes: int, max_num_seqs: int):
+        """A new, empty paged cache of another format or size (the quality harness swaps formats so)."""
+        if self.has_unfinished():
+            raise RuntimeError("cannot replace the KV cache while requests are running")
+        a = self.args
+        a.kv_format, a.kv_options, a.kv_budget_bytes = kv_format, dict(kv_options), budget_bytes
+        self.cache = None  # free the old pool before allocating the new one
+        self.cache = PagedKVCache(self.cfg, self.model.rotary, kv_format, a.kv_options, budget_bytes, max_num_seqs,
+                                  self.model.embed_tokens.weight.dtype, a.device, a.attention_backend)
 
     # ---- requests -----------------------------------------------------------------------
     def tokenize(self, prompt) -> list[int]:

@@ -107,20 +107,14 @@ def load_engine(args, num_seqs: int = 1):
 def set_cache(eng, kv_format: str, options: dict, context: int, num_seqs: int = 1):
     """Replace the engine's paged cache by one of ``kv_format`` whose budget holds ``num_seqs`` sequences of
     ``context`` tokens (the real PagedKVCache: allocation, window slots, encode on block close)."""
-    from backend.kv_cache import PagedKVCache
     dtype = eng.model.embed_tokens.weight.dtype
     block_bytes, bs = _block_bytes(kv_format, options, eng.cfg, dtype)
     slot = 2 * eng.cfg.num_layers * bs * eng.cfg.num_kv_heads * eng.cfg.head_dim * dtype.itemsize
     blocks = num_seqs * (-(-(context + 64) // bs) + 1)
     budget = blocks * block_bytes + num_seqs * slot + 1
-    eng.args.kv_format, eng.args.kv_options, eng.args.kv_budget_bytes = kv_format, dict(options), budget
-    eng.cache = None
-    eng.cache = PagedKVCache(eng.cfg, eng.model.rotary, kv_format, dict(options), budget, num_seqs, dtype,
-                             eng.args.device)
     if eng.max_model_len < context:
         raise SystemExit(f"context {context} exceeds the model's {eng.max_model_len} positions")
-    if hasattr(eng.cache.format, "set_rotary"):
-        eng.cache.format.set_rotary(eng.model.rotary)
+    eng.reset_cache(kv_format, options, budget, num_seqs)
     memoize_decode(eng.cache.format)
     return eng
 
@@ -238,34 +232,39 @@ def key_found(key: str, answer: str) -> bool:
     return re.search(rf"(?<!\d){re.escape(key)}(?!\d)", answer) is not None
 
 
-def cmd_passkey(args) -> dict:
+def run_passkey(eng, context: int, trials: int, seed: int = 0, verbose: bool = False) -> list[dict]:
+    """Greedy retrieval of a 5-digit key hidden at depths (i + 0.5) / trials of a `context`-token prompt."""
     from backend.sampling import SamplingParams
+    rng = random.Random(seed)
+    out = []
+    for i in range(trials):
+        depth = (i + 0.5) / trials
+        key = str(rng.randint(10000, 99999))
+        ids = passkey_prompt(eng.tokenizer, context, depth, key)
+        getattr(eng.cache.format, "clear_decode_memo", lambda: None)()
+        t = time.time()
+        rid = eng.add_request(None, SamplingParams(max_tokens=8, temperature=0.0), prompt_ids=ids)
+        final = None
+        while eng.has_unfinished():
+            for o in eng.step():
+                if o.finished and o.request_id == rid:
+                    final = o
+        answer = final.text if final is not None else ""
+        found = key_found(key, answer)
+        out.append({"depth": round(depth, 3), "key": key, "prompt_tokens": len(ids), "answer": answer,
+                    "found": found, "seconds": round(time.time() - t, 1)})
+        if verbose:
+            print(f"depth {depth:.2f} key {key}: {'found' if found else 'MISSED'} ({answer!r})", file=sys.stderr,
+                  flush=True)
+    return out
+
+
+def cmd_passkey(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.time()
     eng = build_engine(args, args.context)
-    rng = random.Random(args.seed)
-    depths = [(i + 0.5) / args.trials for i in range(args.trials)]
-    trials = []
-    for d in depths:
-        key = str(rng.randint(10000, 99999))
-        ids = passkey_prompt(eng.tokenizer, args.context, d, key)
-        getattr(eng.cache.format, "clear_decode_memo", lambda: None)()
-        params = SamplingParams(max_tokens=8, temperature=0.0)
-        tt = time.time()
-        rid = eng.add_request(None, params, prompt_ids=ids)
-        out = None
-        while eng.has_unfinished():
-            for o in eng.step():
-                if o.finished and o.request_id == rid:
-                    out = o
-        answer = out.text if out is not None else ""
-        found = key_found(key, answer)
-        trials.append({"depth": round(d, 3), "key": key, "prompt_tokens": len(ids), "answer": answer,
-                       "found": found, "seconds": round(time.time() - tt, 1)})
-        if args.verbose:
-            print(f"depth {d:.2f} key {key}: {'found' if found else 'MISSED'} ({answer!r})", file=sys.stderr,
-                  flush=True)
+    trials = run_passkey(eng, args.context, args.trials, args.seed, args.verbose)
     return {"context": args.context, **_describe(eng, args), "trials": trials,
             "found": sum(t["found"] for t in trials), "total": len(trials),
             "seconds": round(time.time() - t0, 1)}

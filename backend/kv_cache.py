@@ -73,6 +73,8 @@ class PagedKVCache:
             raise ValueError(f"KV budget of {budget_bytes} bytes holds no block ({self.block_bytes} B per block"
                              f" + {num_slots} window slots of {self.slot_bytes} B)")
         self.format = fmt_cls(**shape, device=device, num_blocks=num_blocks, block_size=self.block_size, **options)
+        if hasattr(self.format, "set_rotary"):  # formats that rotate keys themselves (alrkvd post_rope)
+            self.format.set_rotary(rotary)
         self.window_k = torch.zeros(window_shape, dtype=dtype, device=device)
         self.window_v = torch.zeros(window_shape, dtype=dtype, device=device)
         self.allocator = BlockAllocator(num_blocks)

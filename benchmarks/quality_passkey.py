@@ -10,37 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
 
-from backend.evaluate import key_found, load_engine, passkey_prompt, set_cache  # noqa: E402
-
-
-def run_passkey(eng, context: int, trials: int, seed: int = 0) -> list[dict]:
-    from backend.sampling import SamplingParams
-    rng = random.Random(seed)
-    out = []
-    for i in range(trials):
-        depth = (i + 0.5) / trials
-        key = str(rng.randint(10000, 99999))
-        ids = passkey_prompt(eng.tokenizer, context, depth, key)
-        getattr(eng.cache.format, "clear_decode_memo", lambda: None)()
-        t = time.time()
-        rid = eng.add_request(None, SamplingParams(max_tokens=8, temperature=0.0), prompt_ids=ids)
-        final = None
-        while eng.has_unfinished():
-            for o in eng.step():
-                if o.finished and o.request_id == rid:
-                    final = o
-        answer = final.text if final is not None else ""
-        out.append({"depth": round(depth, 3), "key": key, "prompt_tokens": len(ids), "answer": answer,
-                    "found": key_found(key, answer), "seconds": round(time.time() - t, 1)})
-    return out
+from backend.evaluate import load_engine, run_passkey, set_cache  # noqa: E402
 
 
 def main(argv=None) -> int:
