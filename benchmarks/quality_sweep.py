@@ -6,7 +6,8 @@ loading the model once for all configurations.
 
 Each configuration is ``FORMAT [KEY=VALUE ...]``; one JSON line per configuration is appended to --out
 (the same object as ``alrkvd-eval perplexity --json``).  Configurations already in --out (same format,
-options, context, chunk and token count) are skipped, so an interrupted sweep resumes.
+options, context, chunk and token count) are skipped, so an interrupted sweep resumes.  --configs-file is
+re-read before each configuration: lines appended to it while the sweep runs are measured in the same run.
 """
 from __future__ import annotations
 
@@ -48,10 +49,15 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
-    configs = list(a.configs)
-    if a.configs_file:
-        with open(a.configs_file) as f:
-            configs += [ln.strip() for ln in f if ln.strip() and not ln.startswith("#")]
+    def configs():
+        """The command line's configurations, then the file's, re-read before each configuration so that
+        lines appended while the sweep runs join the same run (same process, model and code)."""
+        out = list(a.configs)
+        if a.configs_file:
+            with open(a.configs_file) as f:
+                out += [ln.strip() for ln in f if ln.strip() and not ln.startswith("#")]
+        return out
+
     done = set()
     if os.path.exists(a.out):
         with open(a.out) as f:
@@ -61,11 +67,15 @@ def main(argv=None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     eng = load_engine(a)
     ids = load_text_ids(eng, a.text, a.max_tokens)
-    for line in configs:
+    while True:
+        todo = [ln for ln in configs()
+                if key_of(*parse_config(ln), a.context, a.chunk, len(ids)) not in done]
+        if not todo:
+            break
+        line = todo[0]
         kv, opts = parse_config(line)
         key = key_of(kv, opts, a.context, a.chunk, len(ids))
-        if key in done:
-            continue
+        done.add(key)
         t0 = time.time()
         set_cache(eng, kv, opts, a.context)
         res = perplexity(eng, ids, a.context, a.chunk)

@@ -143,3 +143,41 @@ def test_memoized_decode_keeps_positions_for_post_rope():
     fmt.decode(0, table[:1])                       # memoize the first block alone, then all
     a, b = fmt.decode(0, table), raw.decode(0, table)
     assert torch.allclose(a[0], b[0], atol=1e-6) and torch.equal(a[1], b[1])
+
+
+def test_quality_sweep_picks_up_configs_appended_while_it_runs(tmp_path, monkeypatch):
+    """benchmarks/quality_sweep.py re-reads --configs-file before each configuration (one run, one model),
+    skips what --out already holds, and measures each configuration once."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("quality_sweep", os.path.join(REPO, "benchmarks", "quality_sweep.py"))
+    qs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(qs)
+    cfg, out = tmp_path / "configs", tmp_path / "out.jsonl"
+    cfg.write_text("# comment\nfp16\nkivi2 group=32\n")
+    measured = []
+
+    class Eng:
+        pass
+
+    def fake_perplexity(eng, ids, context, chunk):
+        measured.append(eng.kv)
+        if len(measured) == 1:                                # appended while the first one runs
+            with open(cfg, "a") as f:
+                f.write("alrkvd k_bits=3\n")
+        return {"ppl": 1.0, "kv_bytes_per_token": 1.0, "compression": 1.0, "compression_16bit_window": 1.0,
+                "compression_blocks": 1.0}
+
+    def fake_set_cache(eng, kv, opts, context):
+        eng.kv = (kv, opts)
+
+    monkeypatch.setattr(qs, "load_engine", lambda a: Eng())
+    monkeypatch.setattr(qs, "load_text_ids", lambda eng, path, n: list(range(10)))
+    monkeypatch.setattr(qs, "set_cache", fake_set_cache)
+    monkeypatch.setattr(qs, "perplexity", fake_perplexity)
+    assert qs.main(["--configs-file", str(cfg), "--out", str(out)]) == 0
+    assert measured == [("fp16", {}), ("kivi2", {"group": "32"}), ("alrkvd", {"k_bits": "3"})]
+    assert [json.loads(ln)["config"] for ln in out.read_text().splitlines()] == ["fp16", "kivi2 group=32",
+                                                                                  "alrkvd k_bits=3"]
+    measured.clear()
+    assert qs.main(["--configs-file", str(cfg), "--out", str(out)]) == 0      # all done: nothing re-measured
+    assert measured == []
