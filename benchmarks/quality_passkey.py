@@ -29,8 +29,12 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="default")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
+    if a.threads:
+        import torch
+        torch.set_num_threads(a.threads)
     eng = load_engine(a)
     for ctx in a.contexts:
         for line in a.configs:

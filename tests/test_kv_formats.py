@@ -173,9 +173,9 @@ def smollm2_kv():
     rec = {}
     orig = eng.cache.attend
 
-    def attend(layer, q, k, v, batch):
-        rec[layer] = (q.float().clone(), k.float().clone(), v.float().clone())
-        return orig(layer, q, k, v, batch)
+    def attend(layer, q, k, *rest):     # rest = (v, batch) or (k_rot, v, batch): k is before RoPE either way
+        rec[layer] = (q.float().clone(), k.float().clone(), rest[-2].float().clone())
+        return orig(layer, q, k, *rest)
 
     eng.cache.attend = attend
     eng.score(ids, chunk_size=512)
