@@ -35,6 +35,7 @@ class EngineArgs:
     tokenizer: str | None = None       # defaults to the model source; "none": token ids only (benchmarks)
     device: str = "cpu"
     dtype: str = "auto"                # float32 on CPU, bfloat16 on CUDA
+    weight_dtype: str = "auto"         # "float16" (CPU): linear weights in fp16, half the bytes per step
     kv_format: str = "fp16"
     kv_options: dict = field(default_factory=dict)
     kv_budget_bytes: int = 256 << 20
@@ -94,7 +95,8 @@ class LLMEngine:
         self.args = args
         torch.manual_seed(args.seed)
         self.model = load_model(args.model, args.load_format, args.device, args.dtype, args.seed,
-                                args.expert_budget_bytes, args.expert_prefetch, args.expert_policy)
+                                args.expert_budget_bytes, args.expert_prefetch, args.expert_policy,
+                                args.weight_dtype)
         self.cfg = self.model.cfg
         # "none" (like vLLM's skip_tokenizer_init): prompts are token ids and outputs carry no text
         self.tokenizer = None if args.tokenizer == "none" else Tokenizer.load(args.tokenizer or args.model)

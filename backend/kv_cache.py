@@ -1,10 +1,11 @@
 """Paged KV cache: a block allocator with a fixed byte budget, per-sequence block tables, a
-full-precision window for compressed formats, and the reference (PyTorch) attention path.
+full-precision window for compressed formats, and the PyTorch attention paths.
 
 Each sequence owns a list of block ids (`SeqKV.block_table`). For a windowed (compressed)
 format its newest, partial block lives in a full-precision window slot until it fills; then
 the format compresses it into the block. Attention reads the past of a sequence through
-`read` (decode + window), appends the step's new keys and values, and runs SDPA.
+`read` (decode + window), appends the step's new keys and values, and runs SDPA; a decode step
+of a page-addressed format writes every sequence's token at once and attends in one batched call.
 """
 from __future__ import annotations
 
@@ -155,21 +156,21 @@ class PagedKVCache:
                                    self.window_k[layer, seq.window_slot], self.window_v[layer, seq.window_slot])
             done += m
 
-    # ---- attention (reference path: CPU, and prefill on GPU) ----------------------------
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    # ---- attention ----------------------------------------------------------------------
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, k_rot: torch.Tensor, v: torch.Tensor,
                batch: AttentionBatch) -> torch.Tensor:
-        """q [T, Hq, D] (rotated), k/v [T, Hkv, D] (k not rotated). Returns [T, Hq, D]."""
-        if self.decode_kernel is not None and all(n == 1 for n in batch.query_lens):
-            return self._attend_decode(layer, q, k, v, batch)
+        """q [T, Hq, D] (rotated), k / k_rot [T, Hkv, D] before / after RoPE, v. Returns [T, Hq, D].
+        Decode-only steps of page-addressed formats attend for all sequences at once; anything else
+        (prefill chunks, windowed formats) goes sequence by sequence."""
+        if not self.windowed and all(n == 1 for n in batch.query_lens):
+            return self._attend_decode(layer, q, k_rot, v, batch)
         out = torch.empty_like(q)
         start = 0
         for seq, n in zip(batch.seqs, batch.query_lens):
             P = seq.num_tokens
-            positions = torch.arange(P, P + n, device=q.device)
-            k_new, v_new = k[start:start + n], v[start:start + n]
-            k_rot = self.rotary.apply(k_new, positions)
+            k_new, v_new = k_rot[start:start + n], v[start:start + n]
             k_past, v_past = self.read(layer, seq)
-            keys = torch.cat([k_past, k_rot]).transpose(0, 1)      # [Hkv, P+n, D]
+            keys = torch.cat([k_past, k_new]).transpose(0, 1)      # [Hkv, P+n, D]
             values = torch.cat([v_past, v_new]).transpose(0, 1)
             mask = None
             if n > 1:  # query i sees the past and new tokens up to itself
@@ -177,27 +178,37 @@ class PagedKVCache:
             o = F.scaled_dot_product_attention(q[start:start + n].transpose(0, 1), keys, values,
                                                attn_mask=mask, enable_gqa=True)
             out[start:start + n] = o.transpose(0, 1)
-            self.write(layer, seq, k_new if self.rope_on_read else k_rot, v_new)
+            self.write(layer, seq, k[start:start + n] if self.rope_on_read else k_new, v_new)
             start += n
         return out
 
-    def _attend_decode(self, layer, q, k, v, batch: AttentionBatch) -> torch.Tensor:
-        """One new token per sequence: write all of them at once, then the fused paged kernel."""
-        meta = batch.decode_meta
-        if meta is None:
-            dev = q.device
-            pos = torch.tensor([s.num_tokens for s in batch.seqs])
-            width = max(len(s.block_table) for s in batch.seqs)
-            tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in batch.seqs],
-                                  dtype=torch.int32)
-            meta = batch.decode_meta = {
-                "pos": pos.to(dev), "block_ids": tables[torch.arange(len(pos)), pos // self.block_size].long().to(dev),
-                "offsets": (pos % self.block_size).to(dev), "tables": tables.to(dev),
-                "seq_lens": (pos + 1).to(torch.int32).to(dev)}
-        k_rot = self.rotary.apply(k, meta["pos"])
+    def _decode_meta(self, batch: AttentionBatch) -> dict:
+        """Block tables and positions of a decode step, built once and shared by every layer."""
+        dev, bs = self.device, self.block_size
+        pos = torch.tensor([s.num_tokens for s in batch.seqs])
+        width = max(len(s.block_table) for s in batch.seqs)
+        tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in batch.seqs],
+                              dtype=torch.int32)
+        return {"block_ids": tables[torch.arange(len(pos)), pos // bs].long().to(dev),
+                "offsets": (pos % bs).to(dev), "tables": tables.to(dev),
+                "seq_lens": (pos + 1).to(torch.int32).to(dev),
+                # the PyTorch path pads every sequence to the longest: mask [B, 1, 1, width * bs]
+                "mask": (torch.arange(width * bs) <= pos[:, None]).view(len(pos), 1, 1, -1).to(dev)}
+
+    def _attend_decode(self, layer, q, k_rot, v, batch: AttentionBatch) -> torch.Tensor:
+        """One new token per sequence: write all of them at once, then attend over the paged cache
+        (the fused Triton kernel on CUDA; gather + masked SDPA elsewhere)."""
+        meta = batch.decode_meta = batch.decode_meta or self._decode_meta(batch)
         self.format.write(layer, meta["block_ids"], meta["offsets"], k_rot, v)
-        return self.decode_kernel(q, self.format.k_cache[layer], self.format.v_cache[layer], meta["tables"],
-                                  meta["seq_lens"], q.shape[-1] ** -0.5)
+        if self.decode_kernel is not None:
+            return self.decode_kernel(q, self.format.k_cache[layer], self.format.v_cache[layer], meta["tables"],
+                                      meta["seq_lens"], q.shape[-1] ** -0.5)
+        B, width = meta["tables"].shape
+        keys, values = self.format.decode(layer, meta["tables"].flatten())  # [B * width * bs, Hkv, D]
+        keys = keys.view(B, -1, *keys.shape[1:]).transpose(1, 2)            # [B, Hkv, width * bs, D]
+        values = values.view(B, -1, *values.shape[1:]).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=meta["mask"], enable_gqa=True)
+        return o.squeeze(2)
 
     # ---- accounting -------------------------------------------------------------------
     def allocated_bytes(self) -> int:

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from backend.config import ModelConfig
 from backend.experts import attach_expert_streaming
-from backend.model import MoE, Transformer
+from backend.model import MoE, Transformer, pack_fp16_linears
 from backend.tokenizer import default_model_path, open_gguf
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -33,11 +33,16 @@ def pick_dtype(dtype: str, device: str) -> torch.dtype:
 
 def load_model(source: str = "default", load_format: str = "auto", device="cpu",
                dtype: str = "auto", seed: int = 0, expert_budget_bytes: int | None = None,
-               expert_prefetch: int = 1, expert_policy: str = "lru") -> Transformer:
+               expert_prefetch: int = 1, expert_policy: str = "lru", weight_dtype: str = "auto") -> Transformer:
     """`expert_budget_bytes`: stream the routed experts from host memory through a device cache of
-    that size (backend/experts.py); None keeps every expert on the device."""
+    that size (backend/experts.py); None keeps every expert on the device.
+    `weight_dtype` "float16" on CPU: linear layers keep fp16 weights (FP16Linear); "auto": `dtype`."""
     path = resolve_source(source)
     torch_dtype = pick_dtype(dtype, device)
+    if weight_dtype not in ("auto", "float16"):
+        raise ValueError(f"weight_dtype must be auto or float16, not {weight_dtype!r}")
+    if weight_dtype == "float16" and (str(device) != "cpu" or torch_dtype != torch.float32):
+        raise ValueError("weight_dtype float16 is a CPU option for float32 models (FBGEMM's fp16 GEMM)")
     if path.endswith(".gguf"):
         cfg, state = read_gguf(path)
     else:
@@ -65,6 +70,8 @@ def load_model(source: str = "default", load_format: str = "auto", device="cpu",
                                     torch_dtype)
         model.to(device=device, dtype=torch_dtype)
     model.eval().requires_grad_(False)
+    if weight_dtype == "float16":
+        pack_fp16_linears(model)
     return model
 
 

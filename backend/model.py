@@ -60,12 +60,18 @@ class Rotary:
         self.cos = emb.cos().to(device)
         self.sin = emb.sin().to(device)
 
-    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # [T, 1, D]
-        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+    def at(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, 1, D] of each position: looked up once per step, shared by every layer."""
+        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.rotate(x, *self.at(positions, x.dtype))
 
 
 class Attention(nn.Module):
@@ -86,7 +92,8 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.num_heads * cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.num_kv_heads * cfg.head_dim, cfg.rms_norm_eps)
 
-    def forward(self, x, positions, rotary: Rotary, kv_cache, batch) -> torch.Tensor:
+    def forward(self, x, rope, kv_cache, batch) -> torch.Tensor:
+        """rope: the step's (cos, sin) from `Rotary.at`."""
         T = x.shape[0]
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.qk_norm == "full":
@@ -96,9 +103,9 @@ class Attention(nn.Module):
         v = v.view(T, self.num_kv_heads, self.head_dim)
         if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
-        q = rotary.apply(q, positions)
-        # Keys go to the cache unrotated: the cache format decides when RoPE is applied.
-        out = kv_cache.attend(self.layer_id, q, k, v, batch)  # [T, Hq, D]
+        q, k_rot = Rotary.rotate(q, *rope), Rotary.rotate(k, *rope)
+        # The cache gets both key forms: its format decides whether it stores keys before RoPE.
+        out = kv_cache.attend(self.layer_id, q, k, k_rot, v, batch)  # [T, Hq, D]
         return self.o_proj(out.reshape(T, -1))
 
 
@@ -179,6 +186,29 @@ def grouped_experts(x, weights, ids, num_experts: int, expert_weights):
     return out
 
 
+class FP16Linear(nn.Module):
+    """A Linear whose weight is packed in fp16 for FBGEMM's fp16 GEMM (CPU): decode reads half the
+    bytes of fp32 weights, while activations and accumulation stay fp32."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        bias = None if linear.bias is None else linear.bias.float()
+        self.packed = torch.ops.quantized.linear_prepack_fp16(linear.weight.float(), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
+
+
+def pack_fp16_linears(model: nn.Module):
+    """Swap every nn.Linear for an FP16Linear, except MoE routers (routing stays exact)."""
+    for parent in list(model.modules()):
+        routers = ("gate", "shared_expert_gate") if isinstance(parent, MoE) else ()
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear) and name not in routers:
+                setattr(parent, name, FP16Linear(child))
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__()
@@ -187,8 +217,8 @@ class Block(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, positions, rotary, kv_cache, batch):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv_cache, batch)
+    def forward(self, x, rope, kv_cache, batch):
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, batch)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -210,8 +240,9 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, kv_cache, batch) -> torch.Tensor:
         """tokens, positions: [T]. Returns final hidden states [T, hidden]."""
         x = self.embed_tokens(tokens)
+        rope = self.rotary.at(positions, x.dtype)
         for layer in self.layers:
-            x = layer(x, positions, self.rotary, kv_cache, batch)
+            x = layer(x, rope, kv_cache, batch)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -130,8 +130,8 @@ def test_bad_requests(smollm):
 
 
 def test_decode_fast_path_glue(smollm):
-    """The CUDA decode path (batched write + paged kernel) gives the same tokens as the PyTorch
-    path; on CPU the kernel's PyTorch reference stands in for the Triton kernel."""
+    """The CUDA decode path (paged kernel over the block tables) gives the same tokens as the batched
+    PyTorch path; on CPU the kernel's PyTorch reference stands in for the Triton kernel."""
     from kernels.paged_attention import paged_decode_attention_ref
     params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
     expected = [o.token_ids for o in smollm.generate(PROMPTS, params)]
