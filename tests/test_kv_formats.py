@@ -305,7 +305,8 @@ def test_cache_attention_matches_reconstruction(name, opts):
             mask = torch.ones(n, P + n, dtype=torch.bool).tril(diagonal=P)
             ref = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), keys, vals, attn_mask=mask,
                                                                    enable_gqa=True).transpose(0, 1)
-            out = cache.attend(layer, q, ks[start:start + n], vs[start:start + n], batch)
+            k_new = ks[start:start + n]
+            out = cache.attend(layer, q, k_new, rot.apply(k_new, pos), vs[start:start + n], batch)
             assert torch.allclose(out, ref, atol=1e-5, rtol=1e-4)
         cache.commit(batch)
     assert seq.num_tokens == N
