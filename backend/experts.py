@@ -72,13 +72,11 @@ class ExpertStore:
         """Move the stacked weights out of `moes` (their parameters are deleted) into the store."""
         w13, w2 = {}, {}
         for i, moe in moes.items():
-            E, I, H = moe.w_gate.shape
-            w13[i] = _host_empty((E, 2 * I, H), dtype, pin)
-            w13[i][:, :I].copy_(moe.w_gate.detach())
-            w13[i][:, I:].copy_(moe.w_up.detach())
-            w2[i] = _host_empty((E, H, I), dtype, pin)
-            w2[i].copy_(moe.w_down.detach())
-            del moe.w_gate, moe.w_up, moe.w_down
+            w13[i] = _host_empty(moe.w13.shape, dtype, pin)
+            w13[i].copy_(moe.w13.detach())
+            w2[i] = _host_empty(moe.w2.shape, dtype, pin)
+            w2[i].copy_(moe.w2.detach())
+            del moe.w13, moe.w2
         return cls(w13, w2)
 
     @classmethod
@@ -489,7 +487,7 @@ def attach_expert_streaming(model: nn.Module, budget_bytes: int | None, prefetch
         raise ValueError("expert streaming needs a mixture-of-experts model")
     first = next(iter(moes.values()))
     device = torch.device(device if device is not None else first.gate.weight.device)
-    dtype = dtype or first.w_gate.dtype
+    dtype = dtype or first.w13.dtype
     store = ExpertStore.take_from(moes, dtype, pin=device.type == "cuda")
     cache = ExpertCache(store, {i: m.gate for i, m in moes.items()}, first.top_k, budget_bytes,
                         device, prefetch, policy, kernel)

@@ -56,7 +56,7 @@ def load_model(source: str = "default", load_format: str = "auto", device="cpu",
         if expert_budget_bytes is not None:
             attach_expert_streaming(model, expert_budget_bytes, expert_prefetch, expert_policy, device)
     else:
-        state = stack_experts(state, cfg)
+        state = fuse_projections(stack_experts(state, cfg))
         if cfg.tie_word_embeddings:
             state.pop("lm_head.weight", None)
         missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
@@ -88,26 +88,41 @@ def read_safetensors(folder: str) -> dict[str, torch.Tensor]:
     return state
 
 
-# HF per-expert tensor names -> our stacked [E, ...] parameters.
-EXPERT_NAMES = {"w1": "w_gate", "w3": "w_up", "w2": "w_down",
-                "gate_proj": "w_gate", "up_proj": "w_up", "down_proj": "w_down"}
+# HF per-expert projection names -> (our stacked parameter, its part): w13 = [gate; up], w2 = down.
+EXPERT_NAMES = {"w1": ("w13", 0), "w3": ("w13", 1), "w2": ("w2", 0),
+                "gate_proj": ("w13", 0), "up_proj": ("w13", 1), "down_proj": ("w2", 0)}
 
 
 def stack_experts(state: dict, cfg: ModelConfig) -> dict:
-    """Rename HF names to ours and stack each MoE layer's experts into [E, ...] tensors."""
+    """Rename HF names to ours and stack each MoE layer's experts into w13 [E, 2I, H] and w2 [E, H, I]."""
     out, experts = {}, {}
     for name, t in state.items():
         name = name.replace("block_sparse_moe.", "mlp.")
         parts = name.split(".")
         if "experts" in parts:  # layers.{i}.mlp.experts.{e}.{proj}.weight
             i = parts.index("experts")
-            key = ".".join(parts[:i]) + "." + EXPERT_NAMES[parts[i + 2]]
-            experts.setdefault(key, {})[int(parts[i + 1])] = t
+            param, part = EXPERT_NAMES[parts[i + 2]]
+            experts.setdefault(".".join(parts[:i]) + "." + param, {})[int(parts[i + 1]), part] = t
         else:
             out[name] = t
-    for key, per_expert in experts.items():
-        out[key] = torch.stack([per_expert[e] for e in range(cfg.num_experts)])
+    for key, pieces in experts.items():
+        num_parts = 2 if key.endswith("w13") else 1
+        out[key] = torch.stack([torch.cat([pieces[e, p] for p in range(num_parts)])
+                                for e in range(cfg.num_experts)])
     return out
+
+
+# Our fused projections and the HF projections stacked (in this order) to make them.
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def fuse_projections(state: dict) -> dict:
+    """Concatenate HF's q/k/v (and gate/up) projections into our one-GEMM qkv_proj (gate_up_proj)."""
+    for fused, parts in FUSED.items():
+        for name in [n for n in state if n.split(".")[-2] == parts[0]]:
+            prefix, _, suffix = name.rsplit(".", 2)  # layers.0.self_attn / q_proj / weight
+            state[f"{prefix}.{fused}.{suffix}"] = torch.cat([state.pop(f"{prefix}.{p}.{suffix}") for p in parts])
+    return state
 
 
 @torch.no_grad()

@@ -22,10 +22,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # in fp32, cast back before the weight, as HF does
+        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -59,16 +57,16 @@ class Rotary:
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos = emb.cos().to(device)
         self.sin = emb.sin().to(device)
+        # rotate_half(x) * sin == roll(x, D/2) * [-sin, sin]: one op fewer per rotation
+        self.signed_sin = torch.cat([-freqs.sin(), freqs.sin()], dim=-1).to(device)
 
     def at(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, 1, D] of each position: looked up once per step, shared by every layer."""
-        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+        """cos, signed sin [T, 1, D] of each position: looked up once per step, shared by every layer."""
+        return self.cos[positions].unsqueeze(1).to(dtype), self.signed_sin[positions].unsqueeze(1).to(dtype)
 
     @staticmethod
-    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+    def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.rotate(x, *self.at(positions, x.dtype))
@@ -79,10 +77,9 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        # q, k and v in one GEMM (the loader concatenates HF's q_proj, k_proj, v_proj)
+        self.qkv_sizes = [cfg.num_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2
+        self.qkv_proj = nn.Linear(cfg.hidden_size, sum(self.qkv_sizes), bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm == "head":
@@ -95,7 +92,7 @@ class Attention(nn.Module):
     def forward(self, x, rope, kv_cache, batch) -> torch.Tensor:
         """rope: the step's (cos, sin) from `Rotary.at`."""
         T = x.shape[0]
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
         if self.qk_norm == "full":
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(T, self.num_heads, self.head_dim)
@@ -112,19 +109,21 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, hidden: int, inter: int):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, inter, bias=False)
-        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=False)  # HF's gate_proj and up_proj, stacked
         self.down_proj = nn.Linear(inter, hidden, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class MoE(nn.Module):
     """Top-k routed experts (+ optional gated shared expert, Qwen2-MoE).
 
-    Expert weights are stacked [E, ...] so that compute groups tokens by expert: sort the
-    (token, expert) pairs by expert, run each expert on its contiguous slice, scatter back.
+    Expert weights are stacked: w13 [E, 2I, H] (gate rows, then up rows) and w2 [E, H, I], the
+    layout of the fused Triton kernel (kernels/fused_moe.py), which runs them on CUDA. On CPU,
+    compute groups tokens by expert: sort the (token, expert) pairs by expert, run each expert on
+    its contiguous slice, scatter back.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -132,9 +131,8 @@ class MoE(nn.Module):
         E, H, I = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         self.top_k, self.norm_topk_prob = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.gate = nn.Linear(H, E, bias=False)
-        self.w_gate = nn.Parameter(torch.empty(E, I, H))
-        self.w_up = nn.Parameter(torch.empty(E, I, H))
-        self.w_down = nn.Parameter(torch.empty(E, H, I))
+        self.w13 = nn.Parameter(torch.empty(E, 2 * I, H))
+        self.w2 = nn.Parameter(torch.empty(E, H, I))
         self.shared_expert = None
         if cfg.shared_expert_intermediate_size:
             self.shared_expert = MLP(H, cfg.shared_expert_intermediate_size)
@@ -152,9 +150,12 @@ class MoE(nn.Module):
         weights, ids = self.route(x)
         if self.experts is not None:
             out = self.experts.run(x, weights, ids)
+        elif x.is_cuda:
+            from kernels.fused_moe import fused_moe
+            out = fused_moe(x, self.w13, self.w2, weights, ids)
         else:
-            out = grouped_experts(x, weights, ids, self.gate.out_features,
-                                  lambda e: (self.w_gate[e], self.w_up[e], self.w_down[e]))
+            gate, up = self.w13.chunk(2, dim=1)
+            out = grouped_experts(x, weights, ids, self.gate.out_features, lambda e: (gate[e], up[e], self.w2[e]))
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out

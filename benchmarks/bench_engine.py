@@ -1,14 +1,15 @@
 """Engine decode speed.
 
 CPU (`--cpu`): SmolLM2 greedy decode tokens/s at batch 1 against transformers `generate` in the
-same run, and aggregate tokens/s of 8 concurrent streams.
+same run, and aggregate tokens/s of 8 concurrent streams; our engine with float32 weights and
+with fp16 weights (`weight_dtype="float16"`, FBGEMM's fp16 GEMM).
 
 GPU (`--gpu`): dummy weights of Qwen3-30B-A3B- and Mixtral-8x7B-shaped configs, decode step
 time at batch 1/8/32 and context 4k/32k, next to the memory roofline: the bytes one step must
 read (weights of attention, routers, norms, the experts the batch actually routes to, lm_head,
 and the KV cache) divided by the device-to-device copy bandwidth measured in the same run.
 
-    python benchmarks/bench_engine.py --cpu --out cpu.json
+    python benchmarks/bench_engine.py --cpu --max-tokens 128 --out cpu.json
     python benchmarks/bench_engine.py --gpu --out gpu.json
 """
 from __future__ import annotations
@@ -41,33 +42,43 @@ SHAPES = {
 
 # ---- CPU ------------------------------------------------------------------------------------
 def bench_cpu(max_tokens: int) -> dict:
+    """Tokens/s of our engine (float32 weights, and fp16 weights through FBGEMM), batch 1 and 8
+    concurrent streams, and of transformers `generate` (float32 and bfloat16), all in this process."""
     import transformers
 
-    from backend.tokenizer import default_model_path
+    from backend.tokenizer import Tokenizer, default_model_path
     prompt = "Write a short story about a lighthouse keeper who finds a message in a bottle."
-    engine = LLMEngine(EngineArgs(kv_format="fp16", max_num_seqs=8))
+    prompts = [f"{prompt} Variation {i}." for i in range(8)]
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    engine.generate([prompt], SamplingParams(max_tokens=4, temperature=0))  # warm-up
 
-    def timed(fn):
+    def tok_s(fn, tokens):
         t0 = time.perf_counter()
         fn()
-        return time.perf_counter() - t0
+        return tokens / (time.perf_counter() - t0)
 
-    ours_1 = max_tokens / timed(lambda: engine.generate([prompt], params))
-    prompts = [f"{prompt} Variation {i}." for i in range(8)]
-    ours_8 = 8 * max_tokens / timed(lambda: engine.generate(prompts, params))
+    result = {"threads": torch.get_num_threads(), "max_tokens": max_tokens}
+    for weights in ("auto", "float16"):
+        engine = LLMEngine(EngineArgs(kv_format="fp16", max_num_seqs=8, weight_dtype=weights))
+        engine.generate([prompt], SamplingParams(max_tokens=4, temperature=0))  # warm-up
+        one = tok_s(lambda: engine.generate([prompt], params), max_tokens)
+        eight = tok_s(lambda: engine.generate(prompts, params), 8 * max_tokens)
+        name = "ours" if weights == "auto" else "ours_fp16_weights"
+        result |= {f"{name}_tok_s": one, f"{name}_8_streams_tok_s": eight, f"{name}_aggregate_over_single": eight / one}
+        del engine
     path = default_model_path()
-    hf = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                           dtype=torch.float32).eval()
-    ids = torch.tensor([engine.tokenizer.encode(prompt)])
-    with torch.inference_mode():
-        hf.generate(ids, max_new_tokens=4, do_sample=False)
-        hf_1 = max_tokens / timed(lambda: hf.generate(ids, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                                                      do_sample=False))
-    return {"threads": torch.get_num_threads(), "max_tokens": max_tokens,
-            "transformers_tok_s": hf_1, "ours_tok_s": ours_1, "speedup_vs_transformers": ours_1 / hf_1,
-            "ours_8_streams_tok_s": ours_8, "aggregate_over_single": ours_8 / ours_1}
+    ids = torch.tensor([Tokenizer.load("default").encode(prompt)])
+    for dtype in (torch.float32, torch.bfloat16):  # transformers' default, and its fastest on this CPU
+        hf = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                               dtype=dtype).eval()
+        with torch.inference_mode():
+            hf.generate(ids, max_new_tokens=4, do_sample=False)
+            hf_1 = tok_s(lambda: hf.generate(ids, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                                             do_sample=False), max_tokens)
+        name = "transformers" if dtype == torch.float32 else "transformers_bf16"
+        result[f"{name}_tok_s"] = hf_1
+        for ours in ("ours", "ours_fp16_weights"):
+            result[f"{ours}_over_{name}"] = result[f"{ours}_tok_s"] / hf_1
+    return result
 
 
 # ---- GPU ------------------------------------------------------------------------------------

@@ -98,7 +98,7 @@ class MoESlice(nn.Module):
         g = torch.Generator(device=device).manual_seed(seed)
         H, E = cfg.hidden_size, cfg.num_experts
         for moe in self.moes:
-            del moe.w_gate, moe.w_up, moe.w_down  # served by the expert cache
+            del moe.w13, moe.w2  # served by the expert cache
             moe.gate = nn.Linear(H, E, bias=False, device=device, dtype=dtype)
             # as the loader's dummy format: U(-1, 1)/sqrt(fan_in), routers x4 for peakier routing
             moe.gate.weight.data.uniform_(-1, 1, generator=g).mul_(4.0 / H ** 0.5)
