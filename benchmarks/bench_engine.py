@@ -119,7 +119,7 @@ def step_bytes(engine: LLMEngine, unique_experts: int, batch: int, context: int)
     elt = model.embed_tokens.weight.element_size()
     expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size * elt
     non_expert = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
-                     if not n.split(".")[-1].startswith("w_") and "embed_tokens" not in n)
+                     if n.split(".")[-1] not in ("w13", "w2") and "embed_tokens" not in n)
     kv = batch * context * engine.cache.baseline_bytes_per_token()
     return non_expert + unique_experts * expert + batch * cfg.hidden_size * elt + kv
 
