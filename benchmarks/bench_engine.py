@@ -130,22 +130,34 @@ def weight_bytes(cfg: dict, elt: int = 2) -> int:
     return sum(p.numel() for p in model.parameters()) * elt
 
 
-def bench_gpu(shapes, batches, contexts, steps: int) -> list[dict]:
+def expert_bytes(cfg: dict, elt: int = 2) -> int:
+    c = ModelConfig.from_hf(cfg)
+    return len(c.moe_layers) * c.num_experts * 3 * c.hidden_size * c.moe_intermediate_size * elt
+
+
+def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,)) -> list[dict]:
+    """`expert_fractions` below 1: the routed experts stream from pinned host memory through a
+    device cache of that fraction of their bytes (backend/experts.py), the whole model in the engine."""
     rows = []
     bw = copy_bandwidth()
-    for name in shapes:
+    for name, fraction in [(n, f) for n in shapes for f in expert_fractions]:
         folder = tempfile.mkdtemp()
         with open(os.path.join(folder, "config.json"), "w") as f:
             json.dump(SHAPES[name], f)
         weights = weight_bytes(SHAPES[name])
-        budget = torch.cuda.mem_get_info()[0] - weights - (6 << 30)  # headroom for activations
+        experts = expert_bytes(SHAPES[name])
+        expert_budget = None if fraction >= 1 else int(fraction * experts)
+        on_device = weights if expert_budget is None else weights - experts + expert_budget
+        budget = torch.cuda.mem_get_info()[0] - on_device - (6 << 30)  # headroom for activations
         engine = LLMEngine(EngineArgs(model=folder, load_format="dummy", tokenizer="none", device="cuda",
                                       kv_format="fp16", kv_budget_bytes=budget, max_num_seqs=64,
-                                      max_num_batched_tokens=8192, max_model_len=40960))
+                                      max_num_batched_tokens=8192, max_model_len=40960,
+                                      expert_budget_bytes=expert_budget))
         counter = ExpertCounter(engine.model)
         for batch in batches:
             for context in contexts:
-                row = {"model": name, "batch": batch, "context": context, "weights_gb": weights / 1e9}
+                row = {"model": name, "batch": batch, "context": context, "weights_gb": weights / 1e9,
+                       "expert_fraction": fraction}
                 try:
                     row.update(run_decode(engine, counter, batch, context, steps, bw))
                 except (torch.OutOfMemoryError, MemoryError, ValueError) as e:
@@ -178,12 +190,19 @@ def run_decode(engine: LLMEngine, counter: ExpertCounter, batch: int, context: i
     for _ in range(3):
         engine.step()
     sync()
+    expert_cache = getattr(engine.model, "expert_cache", None)
+    if expert_cache is not None:
+        expert_cache.reset_stats()
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
         engine.step()
         sync()
         times.append(time.perf_counter() - t0)
+    streaming = {}
+    if expert_cache is not None:
+        st = expert_cache.stats()
+        streaming = {k: st[f"expert_{k}"] for k in ("hit_rate", "bytes_per_token", "stall_s_per_token", "copy_gbps")}
     counter.unique, counter.enabled = 0, True
     engine.step()
     counter.enabled = False
@@ -194,7 +213,7 @@ def run_decode(engine: LLMEngine, counter: ExpertCounter, batch: int, context: i
     nbytes = step_bytes(engine, unique, batch, context)
     return {"step_ms": step_s * 1e3, "tok_s": batch / step_s, "bytes_per_step_gb": nbytes / 1e9,
             "roofline_ms": nbytes / bw * 1e3, "gap": step_s / (nbytes / bw),
-            "unique_experts_per_step": unique}
+            "unique_experts_per_step": unique, **streaming}
 
 
 def main():
@@ -206,6 +225,7 @@ def main():
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--contexts", default="4096,32768")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--expert-fractions", default="1.0", help="e.g. 1.0,0.5: expert cache sizes (streaming below 1)")
     ap.add_argument("--out")
     args = ap.parse_args()
     result = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__}
@@ -215,14 +235,17 @@ def main():
     if args.gpu:
         result["device"] = torch.cuda.get_device_name()
         result["gpu"] = bench_gpu(args.models.split(","), [int(b) for b in args.batches.split(",")],
-                                  [int(c) for c in args.contexts.split(",")], args.steps)
-        print(f"{'model':15} {'B':>3} {'ctx':>6} {'step ms':>9} {'roofline ms':>11} {'gap':>6}")
+                                  [int(c) for c in args.contexts.split(",")], args.steps,
+                                  [float(f) for f in args.expert_fractions.split(",")])
+        print(f"{'model':15} {'experts':>7} {'B':>3} {'ctx':>6} {'step ms':>9} {'roofline ms':>11} {'gap':>6}")
         for r in result["gpu"]:
+            head = f"{r['model']:15} {r['expert_fraction']:7.0%} {r['batch']:>3} {r['context']:>6}"
             if "error" in r:
-                print(f"{r['model']:15} {r['batch']:>3} {r['context']:>6}  {r['error']}")
+                print(f"{head}  {r['error']}")
             else:
-                print(f"{r['model']:15} {r['batch']:>3} {r['context']:>6} {r['step_ms']:9.2f} "
-                      f"{r['roofline_ms']:11.2f} {r['gap']:6.2f}")
+                print(f"{head} {r['step_ms']:9.2f} {r['roofline_ms']:11.2f} {r['gap']:6.2f} "
+                      + (f"hit {r['hit_rate']:.2f} stall/token {r['stall_s_per_token'] * 1e3:.1f} ms "
+                         f"{r['bytes_per_token'] / 1e6:.0f} MB/token at {r['copy_gbps']:.1f} GB/s" if "hit_rate" in r else ""))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
