@@ -41,11 +41,14 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--tokenizer", help="tokenizer source (defaults to the model)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--weight-dtype", default="auto", choices=["auto", "float16"],
+                    help="float16 (CPU): linear weights in fp16 through FBGEMM, about 2x faster decode")
     ap.add_argument("--json", action="store_true", help="one JSON object per prompt, one per line")
     args = ap.parse_args(argv)
 
     engine = LLMEngine(EngineArgs(model=args.model, load_format=args.load_format, tokenizer=args.tokenizer,
-                                  device=args.device, dtype=args.dtype, kv_format=args.kv,
+                                  device=args.device, dtype=args.dtype, weight_dtype=args.weight_dtype,
+                                  kv_format=args.kv,
                                   kv_options=parse_kv_options(args.kv_opt), kv_budget_bytes=args.kv_budget_bytes,
                                   max_num_seqs=max(1, len(args.prompt))))
     try:

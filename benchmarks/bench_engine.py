@@ -41,43 +41,51 @@ SHAPES = {
 
 
 # ---- CPU ------------------------------------------------------------------------------------
-def bench_cpu(max_tokens: int) -> dict:
+def bench_cpu(max_tokens: int, rounds: int = 3) -> dict:
     """Tokens/s of our engine (float32 weights, and fp16 weights through FBGEMM), batch 1 and 8
-    concurrent streams, and of transformers `generate` (float32 and bfloat16), all in this process."""
+    concurrent streams, and of transformers `generate` (float32 and bfloat16). All four systems are
+    loaded first and measured in turns, `rounds` times; medians are reported (this shared VM's
+    speed drifts by 20% over minutes, and turns expose every system to the same drift)."""
+    import statistics
+
     import transformers
 
     from backend.tokenizer import Tokenizer, default_model_path
     prompt = "Write a short story about a lighthouse keeper who finds a message in a bottle."
     prompts = [f"{prompt} Variation {i}." for i in range(8)]
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    path = default_model_path()
+    ids = torch.tensor([Tokenizer.load("default").encode(prompt)])
 
     def tok_s(fn, tokens):
         t0 = time.perf_counter()
         fn()
         return tokens / (time.perf_counter() - t0)
 
-    result = {"threads": torch.get_num_threads(), "max_tokens": max_tokens}
-    for weights in ("auto", "float16"):
+    runs = {}  # name -> (function, tokens it generates)
+    for weights, name in (("auto", "ours"), ("float16", "ours_fp16_weights")):
         engine = LLMEngine(EngineArgs(kv_format="fp16", max_num_seqs=8, weight_dtype=weights))
         engine.generate([prompt], SamplingParams(max_tokens=4, temperature=0))  # warm-up
-        one = tok_s(lambda: engine.generate([prompt], params), max_tokens)
-        eight = tok_s(lambda: engine.generate(prompts, params), 8 * max_tokens)
-        name = "ours" if weights == "auto" else "ours_fp16_weights"
-        result |= {f"{name}_tok_s": one, f"{name}_8_streams_tok_s": eight, f"{name}_aggregate_over_single": eight / one}
-        del engine
-    path = default_model_path()
-    ids = torch.tensor([Tokenizer.load("default").encode(prompt)])
-    for dtype in (torch.float32, torch.bfloat16):  # transformers' default, and its fastest on this CPU
+        runs[name] = (lambda e=engine: e.generate([prompt], params), max_tokens)
+        runs[f"{name}_8_streams"] = (lambda e=engine: e.generate(prompts, params), 8 * max_tokens)
+    for dtype, name in ((torch.float32, "transformers"), (torch.bfloat16, "transformers_bf16")):
         hf = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
                                                                dtype=dtype).eval()
         with torch.inference_mode():
             hf.generate(ids, max_new_tokens=4, do_sample=False)
-            hf_1 = tok_s(lambda: hf.generate(ids, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                                             do_sample=False), max_tokens)
-        name = "transformers" if dtype == torch.float32 else "transformers_bf16"
-        result[f"{name}_tok_s"] = hf_1
-        for ours in ("ours", "ours_fp16_weights"):
-            result[f"{ours}_over_{name}"] = result[f"{ours}_tok_s"] / hf_1
+        runs[name] = (lambda m=hf: m.generate(ids, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                                              do_sample=False), max_tokens)
+    samples = {name: [] for name in runs}
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for name, (fn, tokens) in runs.items():
+                samples[name].append(tok_s(fn, tokens))
+    result = {"threads": torch.get_num_threads(), "max_tokens": max_tokens, "rounds": rounds, "samples": samples}
+    result |= {f"{name}_tok_s": statistics.median(v) for name, v in samples.items()}
+    for ours in ("ours", "ours_fp16_weights"):
+        result[f"{ours}_aggregate_over_single"] = result[f"{ours}_8_streams_tok_s"] / result[f"{ours}_tok_s"]
+        for ref in ("transformers", "transformers_bf16"):
+            result[f"{ours}_over_{ref}"] = result[f"{ours}_tok_s"] / result[f"{ref}_tok_s"]
     return result
 
 
@@ -220,7 +228,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--gpu", action="store_true")
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3, help="CPU: turns over the four systems (medians reported)")
     ap.add_argument("--models", default="qwen3-30b-a3b,mixtral-8x7b")
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--contexts", default="4096,32768")
@@ -230,7 +239,7 @@ def main():
     args = ap.parse_args()
     result = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__}
     if args.cpu:
-        result["cpu"] = bench_cpu(args.max_tokens)
+        result["cpu"] = bench_cpu(args.max_tokens, args.rounds)
         print(json.dumps(result["cpu"], indent=1))
     if args.gpu:
         result["device"] = torch.cuda.get_device_name()

@@ -395,7 +395,8 @@ def test_greedy_output_equals_alrkvd_generate(triton_server, reference):
     params = {k: v["string_value"] for k, v in config["parameters"].items()}
     assert params["model"] == "default", "alrkvd-generate runs the default model here"
     cmd = [sys.executable, "-m", "backend.generate", "--prompt", PROMPT, "--max-tokens", "24",
-           "--temperature", "0", "--ignore-eos", "--kv", params["kv_format"], "--json"]
+           "--temperature", "0", "--ignore-eos", "--kv", params["kv_format"], "--json",
+           "--weight-dtype", params.get("weight_dtype", "auto")]
     for key, value in json.loads(params.get("kv_options") or "{}").items():
         cmd += ["--kv-opt", f"{key}={value}"]
     env = dict(os.environ)
