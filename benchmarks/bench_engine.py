@@ -128,7 +128,7 @@ def step_bytes(engine: LLMEngine, unique_experts: int, batch: int, context: int)
     expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size * elt
     non_expert = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
                      if n.split(".")[-1] not in ("w13", "w2") and "embed_tokens" not in n)
-    kv = batch * context * engine.cache.baseline_bytes_per_token()
+    kv = batch * context * engine.cache.block_bytes / engine.cache.block_size  # the format's own bytes
     return non_expert + unique_experts * expert + batch * cfg.hidden_size * elt + kv
 
 
@@ -143,12 +143,13 @@ def expert_bytes(cfg: dict, elt: int = 2) -> int:
     return len(c.moe_layers) * c.num_experts * 3 * c.hidden_size * c.moe_intermediate_size * elt
 
 
-def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,)) -> list[dict]:
+def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv_formats=("fp16",)) -> list[dict]:
     """`expert_fractions` below 1: the routed experts stream from pinned host memory through a
-    device cache of that fraction of their bytes (backend/experts.py), the whole model in the engine."""
+    device cache of that fraction of their bytes (backend/experts.py), the whole model in the engine.
+    `kv_formats`: the paged cache's format (fp16: the Triton paged kernel; others: their decode path)."""
     rows = []
     bw = copy_bandwidth()
-    for name, fraction in [(n, f) for n in shapes for f in expert_fractions]:
+    for name, fraction, kv_format in [(n, f, k) for n in shapes for f in expert_fractions for k in kv_formats]:
         folder = tempfile.mkdtemp()
         with open(os.path.join(folder, "config.json"), "w") as f:
             json.dump(SHAPES[name], f)
@@ -158,14 +159,14 @@ def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,)) ->
         on_device = weights if expert_budget is None else weights - experts + expert_budget
         budget = torch.cuda.mem_get_info()[0] - on_device - (6 << 30)  # headroom for activations
         engine = LLMEngine(EngineArgs(model=folder, load_format="dummy", tokenizer="none", device="cuda",
-                                      kv_format="fp16", kv_budget_bytes=budget, max_num_seqs=64,
+                                      kv_format=kv_format, kv_budget_bytes=budget, max_num_seqs=64,
                                       max_num_batched_tokens=8192, max_model_len=40960,
                                       expert_budget_bytes=expert_budget))
         counter = ExpertCounter(engine.model)
         for batch in batches:
             for context in contexts:
                 row = {"model": name, "batch": batch, "context": context, "weights_gb": weights / 1e9,
-                       "expert_fraction": fraction}
+                       "expert_fraction": fraction, "kv_format": kv_format}
                 try:
                     row.update(run_decode(engine, counter, batch, context, steps, bw))
                 except (torch.OutOfMemoryError, MemoryError, ValueError) as e:
@@ -234,6 +235,7 @@ def main():
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--contexts", default="4096,32768")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--kv-formats", default="fp16", help="e.g. fp16,alrkvd: paged KV formats compared")
     ap.add_argument("--expert-fractions", default="1.0", help="e.g. 1.0,0.5: expert cache sizes (streaming below 1)")
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -245,10 +247,10 @@ def main():
         result["device"] = torch.cuda.get_device_name()
         result["gpu"] = bench_gpu(args.models.split(","), [int(b) for b in args.batches.split(",")],
                                   [int(c) for c in args.contexts.split(",")], args.steps,
-                                  [float(f) for f in args.expert_fractions.split(",")])
-        print(f"{'model':15} {'experts':>7} {'B':>3} {'ctx':>6} {'step ms':>9} {'roofline ms':>11} {'gap':>6}")
+                                  [float(f) for f in args.expert_fractions.split(",")], args.kv_formats.split(","))
+        print(f"{'model':15} {'kv':>7} {'experts':>7} {'B':>3} {'ctx':>6} {'step ms':>9} {'roofline ms':>11} {'gap':>6}")
         for r in result["gpu"]:
-            head = f"{r['model']:15} {r['expert_fraction']:7.0%} {r['batch']:>3} {r['context']:>6}"
+            head = f"{r['model']:15} {r['kv_format']:>7} {r['expert_fraction']:7.0%} {r['batch']:>3} {r['context']:>6}"
             if "error" in r:
                 print(f"{head}  {r['error']}")
             else:
