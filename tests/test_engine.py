@@ -33,23 +33,33 @@ PROMPTS = [
 ]
 
 
-def test_smollm_logits_match_transformers(smollm, hf_smollm):
-    ids = smollm.tokenizer.encode(" ".join(PROMPTS) * 3)
-    ours = smollm.score(ids, chunk_size=37)  # chunked prefill: odd chunk crosses block borders
+def logits_and_reference(engine, hf):
+    """Our logits (chunked prefill: the odd chunk crosses block borders) and transformers' on one text."""
+    ids = engine.tokenizer.encode(" ".join(PROMPTS) * 3)
+    ours = engine.score(ids, chunk_size=37)
     with torch.no_grad():
-        ref = hf_smollm(torch.tensor([ids])).logits[0].float()
+        ref = hf(torch.tensor([ids])).logits[0].float()
     assert ours.shape == ref.shape
+    return ours, ref
+
+
+def assert_greedy_equals_transformers_generate(engine, hf):
+    outs = engine.generate(PROMPTS, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))
+    for prompt, out in zip(PROMPTS, outs):
+        ids = engine.tokenizer.encode(prompt)
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([ids]), max_new_tokens=24, min_new_tokens=24, do_sample=False)
+        assert out.token_ids == ref[0, len(ids):].tolist(), prompt
+
+
+def test_smollm_logits_match_transformers(smollm, hf_smollm):
+    ours, ref = logits_and_reference(smollm, hf_smollm)
     torch.testing.assert_close(ours, ref, atol=ATOL_FP32, rtol=1e-3)
     assert smollm.cache.allocator.num_free == smollm.cache.allocator.num_blocks
 
 
 def test_smollm_greedy_equals_transformers_generate(smollm, hf_smollm):
-    outs = smollm.generate(PROMPTS, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))
-    for prompt, out in zip(PROMPTS, outs):
-        ids = smollm.tokenizer.encode(prompt)
-        with torch.no_grad():
-            ref = hf_smollm.generate(torch.tensor([ids]), max_new_tokens=24, min_new_tokens=24, do_sample=False)
-        assert out.token_ids == ref[0, len(ids):].tolist(), prompt
+    assert_greedy_equals_transformers_generate(smollm, hf_smollm)
 
 
 # weight_dtype="float16" rounds every linear weight to fp16 (activations stay fp32): logits move by
@@ -59,17 +69,9 @@ ATOL_FP16_WEIGHTS = 0.1
 
 def test_fp16_weights_stay_with_transformers(hf_smollm):
     fast = LLMEngine(EngineArgs(model="default", kv_format="full", weight_dtype="float16", max_num_seqs=4))
-    ids = fast.tokenizer.encode(" ".join(PROMPTS) * 3)
-    ours = fast.score(ids, chunk_size=37)
-    with torch.no_grad():
-        ref = hf_smollm(torch.tensor([ids])).logits[0].float()
+    ours, ref = logits_and_reference(fast, hf_smollm)
     torch.testing.assert_close(ours, ref, atol=ATOL_FP16_WEIGHTS, rtol=0)
-    outs = fast.generate(PROMPTS, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))
-    for prompt, out in zip(PROMPTS, outs):
-        prompt_ids = fast.tokenizer.encode(prompt)
-        with torch.no_grad():
-            ref = hf_smollm.generate(torch.tensor([prompt_ids]), max_new_tokens=24, min_new_tokens=24, do_sample=False)
-        assert out.token_ids == ref[0, len(prompt_ids):].tolist(), prompt
+    assert_greedy_equals_transformers_generate(fast, hf_smollm)
 
 
 def test_chat_answer(smollm):
