@@ -82,12 +82,29 @@ class PagedKVCache:
         self.free_slots = list(range(num_slots - 1, -1, -1))
         self.kv_format = kv_format
         # Fused decode attention on CUDA (kernels/); the PyTorch path everywhere else and for prefill.
-        self.decode_kernel = None
-        if str(device).startswith("cuda") and attention_backend in ("auto", "triton") and kv_format in ("full", "fp16"):
-            from kernels.paged_attention import paged_decode_attention
-            self.decode_kernel = paged_decode_attention
-        elif attention_backend not in ("auto", "torch", "triton"):
+        if attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be auto, torch or triton, not {attention_backend!r}")
+        self.decode_kernel = None
+        self.alrkvd_layers = self._alrkvd_kernel_views(cfg) if kv_format == "alrkvd" else None
+        if str(device).startswith("cuda") and attention_backend != "torch":
+            if kv_format in ("full", "fp16"):
+                from kernels.paged_attention import paged_decode_attention
+                self.decode_kernel = paged_decode_attention
+            elif self.alrkvd_layers is not None:
+                from kernels.alrkvd_attention import alrkvd_decode_attention
+                self.decode_kernel = alrkvd_decode_attention
+
+    def _alrkvd_kernel_views(self, cfg: ModelConfig):
+        """Per-layer views of the ALR-KVD storage for its decode kernel, or None when these options
+        are outside what the kernel reads (kernels/alrkvd_attention.py)."""
+        from backend.model import rope_inv_freq
+        from kernels.alrkvd_attention import AlrkvdLayer
+        try:
+            layers = [AlrkvdLayer.from_format(self.format, i) for i in range(cfg.num_layers)]
+        except NotImplementedError:
+            return None
+        self.inv_freq = rope_inv_freq(cfg).to(self.device)
+        return layers
 
     # ---- allocation -------------------------------------------------------------------
     def blocks_needed(self, seq: SeqKV, num_new: int) -> int:
@@ -162,8 +179,8 @@ class PagedKVCache:
         """q [T, Hq, D] (rotated), k / k_rot [T, Hkv, D] before / after RoPE, v. Returns [T, Hq, D].
         Decode-only steps of page-addressed formats attend for all sequences at once; anything else
         (prefill chunks, windowed formats) goes sequence by sequence."""
-        if not self.windowed and all(n == 1 for n in batch.query_lens):
-            return self._attend_decode(layer, q, k_rot, v, batch)
+        if all(n == 1 for n in batch.query_lens) and (not self.windowed or self.decode_kernel is not None):
+            return self._attend_decode(layer, q, k, k_rot, v, batch)
         out = torch.empty_like(q)
         start = 0
         for seq, n in zip(batch.seqs, batch.query_lens):
@@ -192,17 +209,24 @@ class PagedKVCache:
         return {"block_ids": tables[torch.arange(len(pos)), pos // bs].long().to(dev),
                 "offsets": (pos % bs).to(dev), "tables": tables.to(dev),
                 "seq_lens": (pos + 1).to(torch.int32).to(dev),
+                "window_slots": torch.tensor([s.window_slot or 0 for s in batch.seqs], dtype=torch.int32).to(dev),
                 # the PyTorch path pads every sequence to the longest: mask [B, 1, 1, width * bs]
                 "mask": (torch.arange(width * bs) <= pos[:, None]).view(len(pos), 1, 1, -1).to(dev)}
 
-    def _attend_decode(self, layer, q, k_rot, v, batch: AttentionBatch) -> torch.Tensor:
+    def _attend_decode(self, layer, q, k, k_rot, v, batch: AttentionBatch) -> torch.Tensor:
         """One new token per sequence: write all of them at once, then attend over the paged cache
-        (the fused Triton kernel on CUDA; gather + masked SDPA elsewhere)."""
+        (the fused Triton kernels on CUDA; gather + masked SDPA elsewhere)."""
         meta = batch.decode_meta = batch.decode_meta or self._decode_meta(batch)
+        scale = q.shape[-1] ** -0.5
+        if self.windowed:  # the ALR-KVD kernel: the new token goes to its window (a full block is compressed)
+            for i, seq in enumerate(batch.seqs):
+                self.write(layer, seq, (k if self.rope_on_read else k_rot)[i:i + 1], v[i:i + 1])
+            return self.decode_kernel(q, self.alrkvd_layers[layer], self.window_k[layer], self.window_v[layer],
+                                      meta["tables"], meta["seq_lens"], meta["window_slots"], self.inv_freq, scale)
         self.format.write(layer, meta["block_ids"], meta["offsets"], k_rot, v)
         if self.decode_kernel is not None:
             return self.decode_kernel(q, self.format.k_cache[layer], self.format.v_cache[layer], meta["tables"],
-                                      meta["seq_lens"], q.shape[-1] ** -0.5)
+                                      meta["seq_lens"], scale)
         B, width = meta["tables"].shape
         keys, values = self.format.decode(layer, meta["tables"].flatten())  # [B * width * bs, Hkv, D]
         keys = keys.view(B, -1, *keys.shape[1:]).transpose(1, 2)            # [B, Hkv, width * bs, D]

@@ -87,9 +87,10 @@ class AlrkvdLayer:
         """Views of `backend.kv_formats.ALRKVDFormat` storage for `layer`."""
         from backend.kv_formats import gauss_codebook
         o = fmt.options
-        if o["latent_bits"] != 8 or o["basis_bits"] != 8 or o["rank_budget"] <= 0 or o.get("scale_bits", 16) != 16:
+        if (o["latent_bits"] != 8 or o["basis_bits"] != 8 or o["rank_budget"] <= 0 or o.get("scale_bits", 16) != 16
+                or o.get("key_frame", "pre_rope") != "pre_rope" or o.get("exact_tokens", 0)):
             raise NotImplementedError("the ALR-KVD kernel reads latent_bits=8, basis_bits=8, rank_budget>0, "
-                                      "scale_bits=16")
+                                      "scale_bits=16, key_frame=pre_rope, exact_tokens=0")
         gauss = o["codebook"] == "gauss"
         levels = (lambda bits: gauss_codebook(bits).to(fmt.device)) if gauss else (lambda bits: None)
         rot = getattr(fmt, "_rot", None)

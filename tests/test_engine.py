@@ -163,3 +163,21 @@ def test_decode_fast_path_glue(smollm):
     finally:
         smollm.cache.decode_kernel = None
     assert got == expected
+
+
+def test_alrkvd_decode_kernel_glue():
+    """The CUDA decode path of ALR-KVD (new tokens into their window slots, a full block compressed,
+    the kernel over closed blocks + window) gives the PyTorch path's tokens; on CPU the kernel's
+    PyTorch reference stands in for the Triton kernel."""
+    from kernels.alrkvd_attention import alrkvd_decode_attention_ref
+    engine = LLMEngine(EngineArgs(model="default", kv_format="alrkvd", max_num_seqs=4))
+    assert engine.cache.alrkvd_layers is not None and engine.cache.decode_kernel is None  # CPU: PyTorch path
+    prompts = [PROMPTS[3] * 6, PROMPTS[1] * 3]
+    lengths = [len(engine.tokenizer.encode(p)) for p in prompts]
+    assert lengths[0] < 128 < lengths[0] + 20 and lengths[1] < 128  # one decode crosses a block border
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    expected = [o.token_ids for o in engine.generate(prompts, params)]
+    engine.cache.decode_kernel = alrkvd_decode_attention_ref
+    got = [o.token_ids for o in engine.generate(prompts, params)]
+    assert got == expected
+    assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
