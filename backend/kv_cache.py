@@ -18,6 +18,17 @@ from backend.config import ModelConfig
 from backend.kv_formats import FORMATS
 
 
+def attention_entropy(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean entropy (nats) of the attention rows of q [n, Hq, D] over keys [Hkv, L, D], per kv head [Hkv]."""
+    group = q.shape[1] // keys.shape[0]
+    scores = q.transpose(0, 1).float() @ keys.float().repeat_interleave(group, 0).transpose(1, 2) * q.shape[-1] ** -0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    p = scores.softmax(-1)
+    entropy = -(p * p.clamp_min(1e-30).log()).sum(-1).mean(-1)   # [Hq]
+    return entropy.view(keys.shape[0], group).mean(-1)
+
+
 @dataclass
 class SeqKV:
     block_table: list[int] = field(default_factory=list)
@@ -195,6 +206,8 @@ class PagedKVCache:
             o = F.scaled_dot_product_attention(q[start:start + n].transpose(0, 1), keys, values,
                                                attn_mask=mask, enable_gqa=True)
             out[start:start + n] = o.transpose(0, 1)
+            if n > 1 and getattr(self.format, "observes_entropy", False):
+                self.format.observe_attention_entropy(layer, attention_entropy(q[start:start + n], keys, mask))
             self.write(layer, seq, k[start:start + n] if self.rope_on_read else k_new, v_new)
             start += n
         return out

@@ -510,6 +510,7 @@ class ALRKVDFormat(KVFormat):
         "seed": (int, 1234),
         "exact_tokens": (int, 0),        # per block, the tokens with the largest residual energy kept exactly (fp16)
         "key_frame": (str, "pre_rope"),  # key residual quantized before RoPE (pre_rope) or after it (post_rope)
+        "entropy_tilt": (float, 0.0),    # rank weight of a head's streams x (its attention entropy / mean)^this; 0: off
     }
 
     def _validate(self):
@@ -609,6 +610,17 @@ class ALRKVDFormat(KVFormat):
         if w.numel() == H:
             w = torch.cat([w, torch.ones(H)])
         self._head_tilt[layer] = w
+
+    @property
+    def observes_entropy(self) -> bool:
+        return self.options["entropy_tilt"] != 0
+
+    def observe_attention_entropy(self, layer: int, entropy: torch.Tensor) -> None:
+        """Mean attention entropy [H] of each kv head's query rows (the cache measures it on prefill
+        chunks): broad heads (high entropy) get more rank in later blocks of ``layer``, sharp heads less."""
+        e = entropy.float().cpu().clamp_min(1e-3)
+        t = (e / e.mean()) ** self.options["entropy_tilt"]
+        self.set_head_tilt(layer, torch.cat([t, t]))
 
     def allocate_ranks(self, svals: torch.Tensor, tilt: torch.Tensor | None = None) -> torch.Tensor:
         """Water-filling: svals [2H, m] descending -> ranks [2H] summing to rank_budget, each in
