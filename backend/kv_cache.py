@@ -188,8 +188,8 @@ class PagedKVCache:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, k_rot: torch.Tensor, v: torch.Tensor,
                batch: AttentionBatch) -> torch.Tensor:
         """q [T, Hq, D] (rotated), k / k_rot [T, Hkv, D] before / after RoPE, v. Returns [T, Hq, D].
-        Decode-only steps of page-addressed formats attend for all sequences at once; anything else
-        (prefill chunks, windowed formats) goes sequence by sequence."""
+        Decode-only steps attend for all sequences at once (page-addressed formats; windowed ones when
+        a decode kernel reads them); prefill chunks and the rest go sequence by sequence."""
         if all(n == 1 for n in batch.query_lens) and (not self.windowed or self.decode_kernel is not None):
             return self._attend_decode(layer, q, k, k_rot, v, batch)
         out = torch.empty_like(q)
