@@ -99,8 +99,9 @@ def test_grpc_streamed_completion(triton_server, reference):
 
 
 def test_http_generate_stream_completion(triton_server, reference):
+    # a request "id" (the generate extension's optional field) is the request's id, not a sampling key
     r = complete(PROMPT, url=triton_server.http_url, protocol="http", model=triton_server.model,
-                 max_tokens=24, **GREEDY)
+                 request_id="http-stream-1", max_tokens=24, **GREEDY)
     assert len(r.pieces) > 1
     assert r.text == reference
     assert (r.finish_reason, r.num_output_tokens) == ("length", 24)

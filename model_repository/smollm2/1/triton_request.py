@@ -179,6 +179,8 @@ class GenerateRequest:
             raise invalid("when streaming, 'exclude_input_in_output' = false is not allowed")
 
         raw = dict(json.loads(request.parameters() or "{}"))
+        # The generate extension's optional request "id" reaches the model as a parameter (Triton 2.51).
+        generate_id = raw.pop("id", None)
         sampling_json = _string_input(request, "sampling_parameters")
         if sampling_json is not None:
             try:
@@ -190,7 +192,7 @@ class GenerateRequest:
             raw.update(from_input)  # the input tensor wins over request parameters
         params, priority = parse_sampling(raw, sampling_cls, vocab_size, max_model_len)
 
-        triton_id = request.request_id() or "req"
+        triton_id = request.request_id() or (str(generate_id) if generate_id is not None else "req")
         return cls(
             sender=request.get_response_sender(),
             request_id=f"{triton_id}-{uuid.uuid4().hex[:12]}",
