@@ -96,7 +96,7 @@ class PagedKVCache:
         if attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be auto, torch or triton, not {attention_backend!r}")
         self.decode_kernel = None
-        self.alrkvd_layers = self._alrkvd_kernel_views(cfg) if kv_format == "alrkvd" else None
+        self.alrkvd_layers = self._alrkvd_kernel_views(cfg.num_layers) if kv_format == "alrkvd" else None
         if str(device).startswith("cuda") and attention_backend != "torch":
             if kv_format in ("full", "fp16"):
                 from kernels.paged_attention import paged_decode_attention
@@ -105,17 +105,14 @@ class PagedKVCache:
                 from kernels.alrkvd_attention import alrkvd_decode_attention
                 self.decode_kernel = alrkvd_decode_attention
 
-    def _alrkvd_kernel_views(self, cfg: ModelConfig):
+    def _alrkvd_kernel_views(self, num_layers: int):
         """Per-layer views of the ALR-KVD storage for its decode kernel, or None when these options
         are outside what the kernel reads (kernels/alrkvd_attention.py)."""
-        from backend.model import rope_inv_freq
         from kernels.alrkvd_attention import AlrkvdLayer
         try:
-            layers = [AlrkvdLayer.from_format(self.format, i) for i in range(cfg.num_layers)]
+            return [AlrkvdLayer.from_format(self.format, i) for i in range(num_layers)]
         except NotImplementedError:
             return None
-        self.inv_freq = rope_inv_freq(cfg).to(self.device)
-        return layers
 
     # ---- allocation -------------------------------------------------------------------
     def blocks_needed(self, seq: SeqKV, num_new: int) -> int:
@@ -190,8 +187,9 @@ class PagedKVCache:
         """q [T, Hq, D] (rotated), k / k_rot [T, Hkv, D] before / after RoPE, v. Returns [T, Hq, D].
         Decode-only steps attend for all sequences at once (page-addressed formats; windowed ones when
         a decode kernel reads them); prefill chunks and the rest go sequence by sequence."""
+        k_store = k if self.rope_on_read else k_rot  # what the format keeps
         if all(n == 1 for n in batch.query_lens) and (not self.windowed or self.decode_kernel is not None):
-            return self._attend_decode(layer, q, k, k_rot, v, batch)
+            return self._attend_decode(layer, q, k_store, k_rot, v, batch)
         out = torch.empty_like(q)
         start = 0
         for seq, n in zip(batch.seqs, batch.query_lens):
@@ -208,7 +206,7 @@ class PagedKVCache:
             out[start:start + n] = o.transpose(0, 1)
             if n > 1 and getattr(self.format, "observes_entropy", False):
                 self.format.observe_attention_entropy(layer, attention_entropy(q[start:start + n], keys, mask))
-            self.write(layer, seq, k[start:start + n] if self.rope_on_read else k_new, v_new)
+            self.write(layer, seq, k_store[start:start + n], v_new)
             start += n
         return out
 
@@ -219,23 +217,25 @@ class PagedKVCache:
         width = max(len(s.block_table) for s in batch.seqs)
         tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in batch.seqs],
                               dtype=torch.int32)
-        return {"block_ids": tables[torch.arange(len(pos)), pos // bs].long().to(dev),
+        meta = {"block_ids": tables[torch.arange(len(pos)), pos // bs].long().to(dev),
                 "offsets": (pos % bs).to(dev), "tables": tables.to(dev),
                 "seq_lens": (pos + 1).to(torch.int32).to(dev),
-                "window_slots": torch.tensor([s.window_slot or 0 for s in batch.seqs], dtype=torch.int32).to(dev),
-                # the PyTorch path pads every sequence to the longest: mask [B, 1, 1, width * bs]
-                "mask": (torch.arange(width * bs) <= pos[:, None]).view(len(pos), 1, 1, -1).to(dev)}
+                "window_slots": torch.tensor([s.window_slot or 0 for s in batch.seqs], dtype=torch.int32).to(dev)}
+        if self.decode_kernel is None:  # the PyTorch path pads every sequence to the longest: mask [B, 1, 1, width * bs]
+            meta["mask"] = (torch.arange(width * bs) <= pos[:, None]).view(len(pos), 1, 1, -1).to(dev)
+        return meta
 
-    def _attend_decode(self, layer, q, k, k_rot, v, batch: AttentionBatch) -> torch.Tensor:
+    def _attend_decode(self, layer, q, k_store, k_rot, v, batch: AttentionBatch) -> torch.Tensor:
         """One new token per sequence: write all of them at once, then attend over the paged cache
         (the fused Triton kernels on CUDA; gather + masked SDPA elsewhere)."""
         meta = batch.decode_meta = batch.decode_meta or self._decode_meta(batch)
         scale = q.shape[-1] ** -0.5
         if self.windowed:  # the ALR-KVD kernel: the new token goes to its window (a full block is compressed)
             for i, seq in enumerate(batch.seqs):
-                self.write(layer, seq, (k if self.rope_on_read else k_rot)[i:i + 1], v[i:i + 1])
+                self.write(layer, seq, k_store[i:i + 1], v[i:i + 1])
             return self.decode_kernel(q, self.alrkvd_layers[layer], self.window_k[layer], self.window_v[layer],
-                                      meta["tables"], meta["seq_lens"], meta["window_slots"], self.inv_freq, scale)
+                                      meta["tables"], meta["seq_lens"], meta["window_slots"], self.rotary.inv_freq,
+                                      scale)
         self.format.write(layer, meta["block_ids"], meta["offsets"], k_rot, v)
         if self.decode_kernel is not None:
             return self.decode_kernel(q, self.format.k_cache[layer], self.format.v_cache[layer], meta["tables"],
