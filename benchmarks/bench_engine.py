@@ -89,7 +89,59 @@ def bench_cpu(max_tokens: int, rounds: int = 3) -> dict:
     return result
 
 
+def cpu_logit_drift() -> dict:
+    """How far logits move from transformers' float32 ones (the reference) on one text: our engine
+    with fp16 weights, and transformers in bfloat16 (its fastest setting on this CPU)."""
+    import transformers
+
+    from backend.tokenizer import default_model_path
+    path = default_model_path()
+    text = ("The capital of France is In 1905, Albert Einstein published four papers that def fibonacci(n): "
+            "Once upon a time, in a small village by the sea, there lived an old fisherman who ") * 3
+    engine = LLMEngine(EngineArgs(kv_format="full", max_num_seqs=1, weight_dtype="float16"))
+    ids = engine.tokenizer.encode(text)
+    logits = {"ours_fp16_weights": engine.score(ids, chunk_size=128)}
+    for dtype, name in ((torch.float32, "reference"), (torch.bfloat16, "transformers_bf16")):
+        hf = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                               dtype=dtype).eval()
+        with torch.inference_mode():
+            logits[name] = hf(torch.tensor([ids])).logits[0].float()
+    ref = logits.pop("reference")
+    return {"tokens": len(ids), "max_abs_reference_logit": ref.abs().max().item(),
+            **{name: {"max_abs_diff": (x - ref).abs().max().item(), "mean_abs_diff": (x - ref).abs().mean().item(),
+                      "argmax_agreement": (x.argmax(-1) == ref.argmax(-1)).float().mean().item()}
+               for name, x in logits.items()}}
+
+
 # ---- GPU ------------------------------------------------------------------------------------
+def alrkvd_kernel_tokens(steps: int = 60) -> list[dict]:
+    """Greedy tokens of the ALR-KVD decode kernel against the PyTorch path, float32 on CUDA, dummy
+    SmolLM2-shaped weights (4 layers), three prompts whose decodes cross block borders."""
+    folder = tempfile.mkdtemp()
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(dict(model_type="llama", vocab_size=4096, hidden_size=576, intermediate_size=1536,
+                       num_hidden_layers=4, num_attention_heads=9, num_key_value_heads=3, rms_norm_eps=1e-5,
+                       rope_theta=10000.0, max_position_embeddings=4096, tie_word_embeddings=True), f)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 4096, (n,), generator=g).tolist() for n in (300, 250, 90)]
+    tokens = {}
+    for backend in ("auto", "torch"):
+        engine = LLMEngine(EngineArgs(model=folder, load_format="dummy", tokenizer="none", device="cuda",
+                                      dtype="float32", kv_format="alrkvd", attention_backend=backend, max_num_seqs=4))
+        assert (engine.cache.decode_kernel is not None) == (backend == "auto")
+        params = SamplingParams(max_tokens=steps, temperature=0, ignore_eos=True)
+        rids = [engine.add_request(None, SamplingParams(**vars(params)), prompt_ids=p) for p in prompts]
+        done = {}
+        while engine.has_unfinished():
+            done |= {o.request_id: o.token_ids for o in engine.step() if o.finished}
+        tokens[backend] = [done[r] for r in rids]
+    rows = []
+    for n, a, b in zip((300, 250, 90), tokens["auto"], tokens["torch"]):
+        rows.append({"prompt_tokens": n, "steps": steps, "equal": a == b,
+                     "first_difference": next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)})
+    return rows
+
+
 def copy_bandwidth(nbytes: int = 1 << 30) -> float:
     """Device-to-device copy, read + write bytes per second (the H200 README's definition)."""
     a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
@@ -229,6 +281,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--gpu", action="store_true")
+    ap.add_argument("--cpu-logits", action="store_true", help="logit drift of fp16 weights and of transformers bf16")
+    ap.add_argument("--gpu-alrkvd-tokens", action="store_true", help="ALR-KVD kernel vs PyTorch path, greedy tokens")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3, help="CPU: turns over the four systems (medians reported)")
     ap.add_argument("--models", default="qwen3-30b-a3b,mixtral-8x7b")
@@ -243,6 +297,12 @@ def main():
     if args.cpu:
         result["cpu"] = bench_cpu(args.max_tokens, args.rounds)
         print(json.dumps(result["cpu"], indent=1))
+    if args.cpu_logits:
+        result["cpu_logits"] = cpu_logit_drift()
+        print(json.dumps(result["cpu_logits"], indent=1))
+    if args.gpu_alrkvd_tokens:
+        result["alrkvd_kernel_tokens"] = alrkvd_kernel_tokens()
+        print(json.dumps(result["alrkvd_kernel_tokens"], indent=1))
     if args.gpu:
         result["device"] = torch.cuda.get_device_name()
         result["gpu"] = bench_gpu(args.models.split(","), [int(b) for b in args.batches.split(",")],
