@@ -177,8 +177,8 @@ class PagedKVCache:
             self.window_k[layer, seq.window_slot, off:off + m] = k[done:done + m]
             self.window_v[layer, seq.window_slot, off:off + m] = v[done:done + m]
             if off + m == bs:  # the block is full: compress it
-                self.format.encode(layer, seq.block_table[pos // bs],
-                                   self.window_k[layer, seq.window_slot], self.window_v[layer, seq.window_slot])
+                self.format.encode(layer, seq.block_table[pos // bs], self.window_k[layer, seq.window_slot],
+                                   self.window_v[layer, seq.window_slot], start_pos=pos - off)
             done += m
 
     # ---- attention ----------------------------------------------------------------------
@@ -234,8 +234,8 @@ class PagedKVCache:
             for i, seq in enumerate(batch.seqs):
                 self.write(layer, seq, k_store[i:i + 1], v[i:i + 1])
             return self.decode_kernel(q, self.alrkvd_layers[layer], self.window_k[layer], self.window_v[layer],
-                                      meta["tables"], meta["seq_lens"], meta["window_slots"], self.rotary.inv_freq,
-                                      scale)
+                                      meta["tables"], meta["seq_lens"], meta["window_slots"], self.rotary.cos,
+                                      self.rotary.sin, scale)
         self.format.write(layer, meta["block_ids"], meta["offsets"], k_rot, v)
         if self.decode_kernel is not None:
             return self.decode_kernel(q, self.format.k_cache[layer], self.format.v_cache[layer], meta["tables"],

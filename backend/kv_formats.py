@@ -299,7 +299,8 @@ class KVFormat:
               v: torch.Tensor) -> None:
         raise NotImplementedError(f"{self.name} is windowed: the cache calls encode() on full blocks")
 
-    def encode(self, layer: int, block_id: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def encode(self, layer: int, block_id: int, k: torch.Tensor, v: torch.Tensor, start_pos: int = 0) -> None:
+        """Compress one full block (windowed formats). ``start_pos``: the position of its first token."""
         raise NotImplementedError(f"{self.name} is not windowed: the cache calls write()")
 
     def decode(self, layer: int, block_ids) -> tuple[torch.Tensor, torch.Tensor]:
@@ -436,7 +437,7 @@ class KIVIFormat(KVFormat):
         self._alloc("v_scale", (T, H, D // g), torch.float16)
         self._alloc("v_zero", (T, H, D // g), torch.float16)
 
-    def encode(self, layer, block_id, k, v):
+    def encode(self, layer, block_id, k, v, start_pos=0):
         T, H, D = self.block_size, self.num_kv_heads, self.head_dim
         b, g = self.options["bits"], self.options["group"]
         kt = k.float().permute(1, 2, 0).reshape(H, D, T // g, g)           # [H, D, groups, g]

@@ -52,7 +52,6 @@ class Rotary:
 
     def __init__(self, cfg: ModelConfig, max_len: int, device):
         inv_freq = rope_inv_freq(cfg)
-        self.inv_freq = inv_freq.to(device)  # [D/2], for kernels that rotate keys themselves
         t = torch.arange(max_len, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)

@@ -26,6 +26,7 @@ from backend.config import ModelConfig
 from backend.engine import EngineArgs, LLMEngine
 from backend.model import MoE, Transformer
 from backend.sampling import SamplingParams
+from kernels.alrkvd_attention import kernel_options
 
 SHAPES = {
     "qwen3-30b-a3b": dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, num_hidden_layers=48,
@@ -127,7 +128,8 @@ def alrkvd_kernel_tokens(steps: int = 60) -> list[dict]:
     tokens = {}
     for backend in ("auto", "torch"):
         engine = LLMEngine(EngineArgs(model=folder, load_format="dummy", tokenizer="none", device="cuda",
-                                      dtype="float32", kv_format="alrkvd", attention_backend=backend, max_num_seqs=4))
+                                      dtype="float32", kv_format="alrkvd", kv_options=kernel_options(64),
+                                      attention_backend=backend, max_num_seqs=4))
         assert (engine.cache.decode_kernel is not None) == (backend == "auto")
         params = SamplingParams(max_tokens=steps, temperature=0, ignore_eos=True)
         rids = [engine.add_request(None, SamplingParams(**vars(params)), prompt_ids=p) for p in prompts]
@@ -210,8 +212,10 @@ def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv
         expert_budget = None if fraction >= 1 else int(fraction * experts)
         on_device = weights if expert_budget is None else weights - experts + expert_budget
         budget = torch.cuda.mem_get_info()[0] - on_device - (6 << 30)  # headroom for activations
+        head_dim = SHAPES[name].get("head_dim") or SHAPES[name]["hidden_size"] // SHAPES[name]["num_attention_heads"]
+        kv_options = kernel_options(head_dim) if kv_format == "alrkvd" else {}  # the options its decode kernel reads
         engine = LLMEngine(EngineArgs(model=folder, load_format="dummy", tokenizer="none", device="cuda",
-                                      kv_format=kv_format, kv_budget_bytes=budget, max_num_seqs=64,
+                                      kv_format=kv_format, kv_options=kv_options, kv_budget_bytes=budget, max_num_seqs=64,
                                       max_num_batched_tokens=8192, max_model_len=40960,
                                       expert_budget_bytes=expert_budget))
         counter = ExpertCounter(engine.model)

@@ -49,16 +49,15 @@ def main() -> None:
     paged_ptrs = dict(Q="fp16", K_cache="fp16", V_cache="fp16", Block_tables="i32", Seq_lens="i32",
                       Mid_o="fp32", Mid_lse="fp32")
     alr_ptrs = dict(Q="fp16", Block_tables="i32", Seq_lens="i32", Window_slots="i32", Window_k="fp16",
-                    Window_v="fp16", Inv_freq="fp32", Rope_j="fp32", Ranks="i16", Basis="i8", Basis_scale="fp16",
+                    Window_v="fp16", Cos="fp32", Sin="fp32", Ranks="i16", Basis="i8", Basis_scale="fp16",
                     Latent="u8", Latent_scale="fp16", Latent_zero="fp16", K_resid="u8", K_rscale="fp16",
-                    K_rzero="fp16", K_levels="fp32", V_resid="u8", V_rscale="fp16", V_rzero="fp16",
-                    V_levels="fp32", Rot_t="fp16", Mid_o="fp32", Mid_lse="fp32")
+                    K_rzero="fp16", V_resid="u8", V_rscale="fp16", V_rzero="fp16", Mid_o="fp32", Mid_lse="fp32")
     comp_ptrs = dict(K_src="fp16", V_src="fp16", Block_ids="i64", Ranks="i16", Basis="i8", Basis_scale="fp16",
                      Rot="fp32", K_levels="fp32", K_edges="fp32", V_levels="fp32", V_edges="fp32", Search="fp32",
                      Latent="u8", Latent_scale="fp16", Latent_zero="fp16", K_resid="u8", K_rscale="fp16",
                      K_rzero="fp16", V_resid="u8", V_rscale="fp16", V_rzero="fp16")
     alr_common = dict(NUM_KV_HEADS=8, GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_SIZE=128, BLOCK_S=16, K_BITS=2,
-                      V_BITS=2, RES_GROUP=64, UNIFORM=False, DOT_DTYPE=f16)
+                      V_BITS=2)
     cfg = alrkvd_attention._DEFAULT_STAGE1
     jobs = [
         ("paged stage 1 (D=128, G=4, page 16)", paged_attention._paged_decode_stage1, paged_ptrs, {"qk_scale"},
@@ -68,10 +67,9 @@ def main() -> None:
         ("decode reduce (D=128)", paged_attention._decode_reduce_stage2, dict(Mid_o="fp32", Mid_lse="fp32", Out="fp16"),
          set(), dict(BLOCK_P=16, HEAD_DIM=128, BLOCK_D=128), dict(num_warps=1)),
     ] + [
-        (f"alrkvd stage 1 (rank<=64, rotate={rot})", alrkvd_attention._alrkvd_decode_stage1, alr_ptrs, {"qk_scale"},
-         dict(alr_common, BLOCK_N=cfg["BLOCK_N"], BLOCK_R=64, ROTATE=rot),
-         {k: v for k, v in cfg.items() if k != "BLOCK_N"})
-        for rot in (True, False)
+        (f"alrkvd stage 1 (rank<={r})", alrkvd_attention._alrkvd_decode_stage1, alr_ptrs, {"qk_scale"},
+         dict(alr_common, BLOCK_N=cfg["BLOCK_N"], BLOCK_R=r), {k: v for k, v in cfg.items() if k != "BLOCK_N"})
+        for r in (16, 64)
     ] + [
         ("alrkvd compress (T=128, D=128)", alrkvd_compress._alrkvd_compress_kernel, comp_ptrs, set(),
          dict(NUM_KV_HEADS=8, T=128, D=128, BLOCK_R=64, BLOCK_S=16, K_BITS=2, V_BITS=2, GROUP=64, UNIFORM=False,

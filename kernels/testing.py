@@ -59,25 +59,34 @@ def build_alrkvd_case(k_blocks, v_blocks, window_k, window_v, generator: torch.G
                       rope_theta: float = 10000.0, num_slots: int | None = None, **options):
     """A one-layer ALR-KVD cache (backend.kv_formats) holding given sequences, and the kernel's inputs.
 
+    Options: the kernel's (`KERNEL_OPTIONS`, group = head_dim) unless given.
     k_blocks/v_blocks: per sequence a list of closed blocks `[T, H, D]` (keys before RoPE);
     window_k/window_v: per sequence its window rows `[n < T, H, D]`. Blocks are placed at random
     block ids, windows at shuffled slots. Returns a dict with `fmt` and the kwargs of
     `alrkvd_decode_attention` except `q` and `scale`."""
+    from types import SimpleNamespace
+
     from backend.kv_formats import make_format
-    from kernels.alrkvd_attention import AlrkvdLayer
+    from kernels.alrkvd_attention import AlrkvdLayer, kernel_options
 
     T = options.pop("block_size")
     H, D = window_k[0].shape[-2:]
     dtype = window_k[0].dtype
     batch = len(k_blocks)
     num_blocks = sum(len(s) for s in k_blocks) + 2
+    options = kernel_options(D, **options)
     fmt = make_format("alrkvd", 1, H, D, dtype, "cpu", num_blocks=num_blocks, block_size=T, **options)
+    inv_freq = (1.0 / (rope_theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))).float()
+    ang = torch.outer(torch.arange(max(len(s) for s in k_blocks) * T + T, dtype=torch.float32), inv_freq)
+    ang = torch.cat([ang, ang], -1)
+    rotary = SimpleNamespace(cos=ang.cos(), sin=ang.sin())  # the tables backend.model.Rotary holds
+    fmt.set_rotary(rotary)
     perm = torch.randperm(num_blocks, generator=generator).tolist()
     seq_lens, tables = [], []
     for ks, vs, wk in zip(k_blocks, v_blocks, window_k):
         ids = [perm.pop() for _ in ks]
-        for bid, k, v in zip(ids, ks, vs):
-            fmt.encode(0, bid, k, v)
+        for i, (bid, k, v) in enumerate(zip(ids, ks, vs)):
+            fmt.encode(0, bid, k, v, start_pos=i * T)
         tables.append(ids)
         seq_lens.append(len(ks) * T + wk.shape[0])
     width = max(1, max(len(t) for t in tables) + 1)
@@ -91,9 +100,8 @@ def build_alrkvd_case(k_blocks, v_blocks, window_k, window_v, generator: torch.G
     for b, (wk, wv) in enumerate(zip(window_k, window_v)):
         wk_all[slots[b], : wk.shape[0]] = wk
         wv_all[slots[b], : wv.shape[0]] = wv
-    inv_freq = 1.0 / (rope_theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
     return {
         "fmt": fmt, "cache": AlrkvdLayer.from_format(fmt, 0), "window_k": wk_all, "window_v": wv_all,
         "block_tables": block_tables, "seq_lens": torch.tensor(seq_lens, dtype=torch.int32),
-        "window_slots": slots, "inv_freq": inv_freq.float(),
+        "window_slots": slots, "cos": rotary.cos, "sin": rotary.sin,
     }

@@ -169,8 +169,8 @@ def test_alrkvd_decode_kernel_glue():
     """The CUDA decode path of ALR-KVD (new tokens into their window slots, a full block compressed,
     the kernel over closed blocks + window) gives the PyTorch path's tokens; on CPU the kernel's
     PyTorch reference stands in for the Triton kernel."""
-    from kernels.alrkvd_attention import alrkvd_decode_attention_ref
-    engine = LLMEngine(EngineArgs(model="default", kv_format="alrkvd", max_num_seqs=4))
+    from kernels.alrkvd_attention import alrkvd_decode_attention_ref, kernel_options
+    engine = LLMEngine(EngineArgs(model="default", kv_format="alrkvd", kv_options=kernel_options(64), max_num_seqs=4))
     assert engine.cache.alrkvd_layers is not None and engine.cache.decode_kernel is None  # CPU: PyTorch path
     prompts = [PROMPTS[3] * 6, PROMPTS[1] * 3]
     lengths = [len(engine.tokenizer.encode(p)) for p in prompts]
