@@ -22,9 +22,9 @@ def _load(name: str):
 
 def parameters(pbtxt: Path) -> dict:
     """The `parameters` of a config.pbtxt in the shape Triton hands model.py."""
-    found = re.findall(r'\{\s*key:\s*"([^"]+)",\s*value:\s*\{\s*string_value:\s*"([^"]*)"\s*\}\s*\}',
+    found = re.findall(r'\{\s*key:\s*"([^"]+)",\s*value:\s*\{\s*string_value:\s*"((?:[^"\\]|\\.)*)"\s*\}\s*\}',
                        pbtxt.read_text())
-    return {k: {"string_value": v} for k, v in found}
+    return {k: {"string_value": json.loads(f'"{v}"')} for k, v in found}  # protobuf text escapes as JSON's
 
 
 @pytest.mark.parametrize("pbtxt", CONFIGS, ids=[str(p.relative_to(REPO)) for p in CONFIGS])
@@ -44,6 +44,22 @@ def test_config_is_decoupled_python_with_engine_parameters(pbtxt):
     assert isinstance(args.kv_options, dict)
     if params["model"]["string_value"] != "default":
         assert Path(args.model).exists()
+
+
+def test_gpu_config_kv_options_are_the_decode_kernels():
+    """On the GPU the smollm2 model's ALR-KVD cache is read by the fused kernel, not the PyTorch path."""
+    import torch
+
+    from backend.engine import EngineArgs
+    from backend.kv_formats import make_format
+    from kernels.alrkvd_attention import AlrkvdLayer
+
+    params = parameters(REPO / "smollm2" / "configs" / "gpu.pbtxt")
+    args = _load("engine_config").engine_args_from_config({"parameters": params}, str(REPO / "smollm2"), EngineArgs)
+    options = dict(args.kv_options)
+    block_size = options.pop("block_size")
+    fmt = make_format("alrkvd", 1, 3, 64, torch.float16, "meta", num_blocks=1, block_size=block_size, **options)
+    AlrkvdLayer.from_format(fmt, 0)  # NotImplementedError for options the kernel does not read
 
 
 def test_unknown_or_ill_typed_parameters_fail_the_load():
