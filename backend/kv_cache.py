@@ -96,6 +96,7 @@ class PagedKVCache:
         if attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be auto, torch or triton, not {attention_backend!r}")
         self.decode_kernel = None
+        self.compress = self.format.encode  # a windowed format's full block -> its compressed form
         self.alrkvd_layers = self._alrkvd_kernel_views(cfg.num_layers) if kv_format == "alrkvd" else None
         if str(device).startswith("cuda") and attention_backend != "torch":
             if kv_format in ("full", "fp16"):
@@ -104,6 +105,7 @@ class PagedKVCache:
             elif self.alrkvd_layers is not None:
                 from kernels.alrkvd_attention import alrkvd_decode_attention
                 self.decode_kernel = alrkvd_decode_attention
+                self.compress = self._compress_kernel
 
     def _alrkvd_kernel_views(self, num_layers: int):
         """Per-layer views of the ALR-KVD storage for its decode kernel, or None when these options
@@ -113,6 +115,11 @@ class PagedKVCache:
             return [AlrkvdLayer.from_format(self.format, i) for i in range(num_layers)]
         except NotImplementedError:
             return None
+
+    def _compress_kernel(self, layer: int, block_id: int, k: torch.Tensor, v: torch.Tensor, start_pos: int):
+        """`format.encode` through the Triton compression kernel (kernels/alrkvd_compress.py)."""
+        from kernels.alrkvd_compress import alrkvd_compress
+        alrkvd_compress(self.format, layer, [block_id], k[None], v[None], start_pos=[start_pos])
 
     # ---- allocation -------------------------------------------------------------------
     def blocks_needed(self, seq: SeqKV, num_new: int) -> int:
@@ -177,8 +184,8 @@ class PagedKVCache:
             self.window_k[layer, seq.window_slot, off:off + m] = k[done:done + m]
             self.window_v[layer, seq.window_slot, off:off + m] = v[done:done + m]
             if off + m == bs:  # the block is full: compress it
-                self.format.encode(layer, seq.block_table[pos // bs], self.window_k[layer, seq.window_slot],
-                                   self.window_v[layer, seq.window_slot], start_pos=pos - off)
+                self.compress(layer, seq.block_table[pos // bs], self.window_k[layer, seq.window_slot],
+                              self.window_v[layer, seq.window_slot], start_pos=pos - off)
             done += m
 
     # ---- attention ----------------------------------------------------------------------

@@ -6,14 +6,16 @@ the format's own rank water-filling (`fmt.allocate_ranks`) and the 8-bit basis q
 as `backend.kv_formats.ALRKVDFormat.encode` does them. The kernel then does the rest of `encode` for
 one stream of one block per program (grid (n, 2H)), never writing anything but the packed result:
     lat = X_s @ B_s^T                      latents [T, r_s], then asymmetric 8-bit per row over T
-    E   = (X_s - lat_hat @ B_s) @ rot      residual, rotated (if the format rotates)
+    E   = X_s - lat_hat @ B_s              residual; for keys with key_frame=post_rope, RoPE of the
+                                           tokens' positions (rotate_half as an exact dot with a +-1
+                                           permutation); then @ rot (if the format rotates)
     codes/scales per (token, group)        gauss: RMS x best of 5 factors on the Lloyd-Max levels;
                                            uniform: asymmetric; then bit-plane packing (pack_bits)
 Same arithmetic as the PyTorch encode (fp32 IEEE dots, division and square root correctly rounded,
 round half to even, fp16 rounding of scales): the results equal it up to float summation order,
 which can move a value across a rounding boundary (tests: codes equal but for rare neighbours).
 
-Public: `alrkvd_compress(fmt, layer, block_ids, k, v)`; reference: `fmt.encode`. Nothing runs at import.
+Public: `alrkvd_compress(fmt, layer, block_ids, k, v, start_pos=None)`; reference: `fmt.encode`. Nothing runs at import.
 """
 from __future__ import annotations
 
@@ -113,6 +115,7 @@ def _quant_resid_store(e, Resid_rows, Scale_rows, Zero_rows, Levels, Edges, Sear
 def _alrkvd_compress_kernel(
     # Pointers: inputs
     K_src, V_src, Block_ids, Ranks, Basis, Basis_scale, Rot,
+    Start_pos, Cos, Sin, Rot_half,  # key_frame=post_rope: first position of each block, RoPE tables, rotate_half
     K_levels, K_edges, V_levels, V_edges, Search,
     # Pointers: outputs
     Latent, Latent_scale, Latent_zero, K_resid, K_rscale, K_rzero, V_resid, V_rscale, V_rzero,
@@ -122,11 +125,12 @@ def _alrkvd_compress_kernel(
     stride_rn, stride_rt, stride_rh,  # k_resid: block, token, head
     stride_vn, stride_vt, stride_vh,  # v_resid (its packed rows differ when v_bits != k_bits)
     stride_cn, stride_ct, stride_ch,  # k_rscale, v_rscale (and zeros): block, token, head
+    stride_cs,  # Cos, Sin: position
     # Meta-parameters
     NUM_KV_HEADS: tl.constexpr, T: tl.constexpr, D: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
     K_BITS: tl.constexpr, V_BITS: tl.constexpr, GROUP: tl.constexpr,
-    UNIFORM: tl.constexpr, ROTATE: tl.constexpr, NSEARCH: tl.constexpr,
+    UNIFORM: tl.constexpr, ROTATE: tl.constexpr, NSEARCH: tl.constexpr, POST_ROPE: tl.constexpr,
 ):
     """Grid (n, 2H): stream s (K heads, then V heads) of the i-th block to compress."""
     pid_i = tl.program_id(0)
@@ -165,6 +169,12 @@ def _alrkvd_compress_kernel(
 
     # -- residual, rotated, quantized and packed
     e = x - tl.dot(lat_hat, basis, input_precision="ieee")
+    if POST_ROPE:
+        if s < NUM_KV_HEADS:  # the key residual in the frame of the rotated keys
+            pos = tl.load(Start_pos + pid_i) + offs_t
+            cs = pos[:, None] * stride_cs + offs_d[None, :]
+            half = tl.load(Rot_half + offs_d[:, None] * D + offs_d[None, :])
+            e = e * tl.load(Cos + cs) + tl.dot(e, half, input_precision="ieee") * tl.load(Sin + cs)
     if ROTATE:
         rot = tl.load(Rot + offs_d[:, None] * D + offs_d[None, :])
         e = tl.dot(e, rot, input_precision="ieee")
@@ -199,9 +209,19 @@ def _basis_step(fmt, layer: int, ids: torch.Tensor, k: torch.Tensor, v: torch.Te
         fmt.basis_scale[layer, ids[i]] = bscale
 
 
-def alrkvd_compress(fmt, layer: int, block_ids, k: torch.Tensor, v: torch.Tensor) -> None:
+def _rotate_half_matrix(d: int, device) -> torch.Tensor:
+    """P [d, d] fp32 with x @ P = rotate_half(x) = cat(-x[d/2:], x[:d/2]) (HF RoPE), exact in a dot."""
+    p = torch.zeros(d, d, dtype=torch.float32)
+    i = torch.arange(d // 2)
+    p[i + d // 2, i] = -1.0
+    p[i, i + d // 2] = 1.0
+    return p.to(device)
+
+
+def alrkvd_compress(fmt, layer: int, block_ids, k: torch.Tensor, v: torch.Tensor, start_pos=None) -> None:
     """Compress full blocks `k, v [n, T, H, D]` (keys before RoPE) into `block_ids` of layer `layer` of
-    an `ALRKVDFormat` (latent_bits = basis_bits = 8, rank_budget > 0): what `fmt.encode` does per block."""
+    an `ALRKVDFormat` (latent_bits = basis_bits = 8, rank_budget > 0): what `fmt.encode` does per block.
+    `start_pos` [n]: each block's first position (key_frame=post_rope only)."""
     from backend.kv_formats import gauss_codebook
     o = fmt.options
     if o["latent_bits"] != 8 or o["basis_bits"] != 8 or o["rank_budget"] <= 0 or o.get("scale_bits", 16) != 16:
@@ -219,6 +239,15 @@ def alrkvd_compress(fmt, layer: int, block_ids, k: torch.Tensor, v: torch.Tensor
 
     uniform = o["codebook"] == "uniform"
     dev = k.device
+    post = o["key_frame"] == "post_rope"
+    if post:
+        if start_pos is None or fmt._rotary is None:
+            raise ValueError("alrkvd key_frame=post_rope: compress needs start_pos and fmt.set_rotary(rotary)")
+        start = torch.as_tensor(start_pos, dtype=torch.int64, device=dev).reshape(-1)
+        cos, sin = fmt._rotary.cos, fmt._rotary.sin
+        rot_half = _rotate_half_matrix(D, dev)
+    else:
+        start = cos = sin = rot_half = ids  # never read
 
     def codebook(bits):
         if uniform:
@@ -235,6 +264,7 @@ def alrkvd_compress(fmt, layer: int, block_ids, k: torch.Tensor, v: torch.Tensor
     cfg = get_config("alrkvd_compress", f"head_dim={D},block_size={T}", dev, _DEFAULT)
     _alrkvd_compress_kernel[(n, 2 * H)](
         k, v, ids, fmt.ranks[layer], fmt.basis[layer], fmt.basis_scale[layer], rot if rot is not None else search,
+        start, cos, sin, rot_half,
         k_lv, k_edges, v_lv, v_edges, search,
         lat, fmt.latent_scale[layer], fmt.latent_zero[layer],
         kres, ksc, fmt.k_rzero[layer] if uniform else ksc,
@@ -245,8 +275,9 @@ def alrkvd_compress(fmt, layer: int, block_ids, k: torch.Tensor, v: torch.Tensor
         kres.stride(0), kres.stride(1), kres.stride(2),
         vres.stride(0), vres.stride(1), vres.stride(2),
         ksc.stride(0), ksc.stride(1), ksc.stride(2),
+        cos.stride(0) if post else 0,
         NUM_KV_HEADS=H, T=T, D=D,
         BLOCK_R=max(16, triton.next_power_of_2(o["rank_max"])), BLOCK_S=triton.next_power_of_2(2 * H),
         K_BITS=o["k_bits"], V_BITS=o["v_bits"], GROUP=o["group"], UNIFORM=uniform, ROTATE=rot is not None,
-        NSEARCH=len(GAUSS_SEARCH), **cfg,
+        NSEARCH=len(GAUSS_SEARCH), POST_ROPE=post, **cfg,
     )

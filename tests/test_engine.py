@@ -1,13 +1,17 @@
 """The engine against transformers (the reference implementation) and its serving behaviour."""
-import os
+from kernels.testing import use_interpreter_without_gpu
 
-import pytest
-import torch
-import transformers
+use_interpreter_without_gpu()  # before Triton kernels load: the glue tests run them interpreted on CPU
 
-from backend.engine import EngineArgs, LLMEngine
-from backend.tokenizer import default_model_path
-from backend.sampling import SamplingParams
+import os  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from backend.engine import EngineArgs, LLMEngine  # noqa: E402
+from backend.tokenizer import default_model_path  # noqa: E402
+from backend.sampling import SamplingParams  # noqa: E402
 
 # float32 everywhere on CPU: our kernels and transformers' differ only in summation order.
 ATOL_FP32 = 2e-3
@@ -178,6 +182,25 @@ def test_alrkvd_decode_kernel_glue():
     params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
     expected = [o.token_ids for o in engine.generate(prompts, params)]
     engine.cache.decode_kernel = alrkvd_decode_attention_ref
+    got = [o.token_ids for o in engine.generate(prompts, params)]
+    assert got == expected
+    assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
+
+
+def test_alrkvd_compress_kernel_glue():
+    """On CUDA a full ALR-KVD block is compressed by the Triton kernel (kernels/alrkvd_compress.py) instead
+    of the format's PyTorch encode; here the same kernel runs under TRITON_INTERPRET=1. Blocks close in a
+    prefill (the 133-token prompt, two blocks of 64) and in a decode (61 + 12 tokens): same greedy tokens."""
+    from kernels.alrkvd_attention import kernel_options
+    engine = LLMEngine(EngineArgs(model="default", kv_format="alrkvd", kv_options=kernel_options(64, block_size=64),
+                                  max_num_seqs=4))
+    assert engine.cache.compress == engine.cache.format.encode  # CPU: the PyTorch path
+    prompts = ["The quick brown fox jumps over the lazy dog. " * 6,
+               "A journey of a thousand miles begins with a single step. " * 11]
+    assert [len(engine.tokenizer.encode(p)) for p in prompts] == [61, 133]
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    expected = [o.token_ids for o in engine.generate(prompts, params)]
+    engine.cache.compress = engine.cache._compress_kernel
     got = [o.token_ids for o in engine.generate(prompts, params)]
     assert got == expected
     assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks

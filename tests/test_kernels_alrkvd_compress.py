@@ -13,6 +13,7 @@ from kernels.testing import random_kv, use_interpreter_without_gpu
 DEVICE = use_interpreter_without_gpu()
 
 from pathlib import Path  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -23,14 +24,25 @@ from kernels.alrkvd_compress import alrkvd_compress  # noqa: E402
 SMOLLM2_KV = Path(__file__).resolve().parents[1] / "kernels" / "testdata" / "smollm2_kv.pt"
 
 
+def _rotary(head_dim: int, max_len: int, theta: float = 10000.0):
+    """The RoPE tables backend.model.Rotary holds."""
+    inv_freq = (1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)).float()
+    ang = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
+    ang = torch.cat([ang, ang], -1)
+    return SimpleNamespace(cos=ang.cos().to(DEVICE), sin=ang.sin().to(DEVICE))
+
+
 def _compare(k, v, block_ids, num_blocks, **options):
     H, D, T = k.shape[2], k.shape[3], k.shape[1]
     k, v = k.to(DEVICE), v.to(DEVICE)
     ref = make_format("alrkvd", 1, H, D, k.dtype, DEVICE, num_blocks=num_blocks, block_size=T, **options)
     out = make_format("alrkvd", 1, H, D, k.dtype, DEVICE, num_blocks=num_blocks, block_size=T, **options)
+    start = [(3 * i + 1) * T for i in range(len(block_ids))]  # blocks anywhere in a sequence (post_rope)
+    for fmt in (ref, out):
+        fmt.set_rotary(_rotary(D, 4 * T * len(block_ids)))
     for i, bid in enumerate(block_ids):
-        ref.encode(0, bid, k[i], v[i])
-    alrkvd_compress(out, 0, block_ids, k, v)
+        ref.encode(0, bid, k[i], v[i], start_pos=start[i])
+    alrkvd_compress(out, 0, block_ids, k, v, start_pos=start)
     for name, want in ref.named_tensors().items():
         got = out.named_tensors()[name]
         if name in ("ranks", "basis", "basis_scale"):
@@ -40,7 +52,7 @@ def _compare(k, v, block_ids, num_blocks, **options):
         assert differ <= max(2, 0.001 * want.numel()), f"{name}: {differ} of {want.numel()} entries differ"
         if name == "latent":
             assert (got.int() - want.int()).abs().max() <= 1
-    (ka, va), (kb, vb) = ref.decode(0, block_ids), out.decode(0, block_ids)
+    (ka, va), (kb, vb) = ref.decode(0, block_ids), out.decode(0, block_ids)  # same start_pos: same frame
     bound = 0.01 * max(k.abs().max().item(), v.abs().max().item())
     assert (ka.float() - kb.float()).abs().max() <= bound and (va.float() - vb.float()).abs().max() <= bound
 
@@ -51,6 +63,8 @@ def _compare(k, v, block_ids, num_blocks, **options):
     {"rotate": "false", "k_bits": 3, "v_bits": 4},
     {"k_bits": 1, "v_bits": 4, "group": 32, "rank_per_head": 8.0},
     {"codebook": "uniform", "k_bits": 3, "rank_min": 2, "rank_max": 16},  # mixed ranks
+    {"key_frame": "post_rope"},
+    {"key_frame": "post_rope", "codebook": "uniform", "rotate": "false", "k_bits": 4},  # the decode kernel's set
 ])
 def test_random_blocks(options):
     gen = torch.Generator().manual_seed(len(options))
