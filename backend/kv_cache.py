@@ -227,7 +227,9 @@ class PagedKVCache:
         meta = {"block_ids": tables[torch.arange(len(pos)), pos // bs].long().to(dev),
                 "offsets": (pos % bs).to(dev), "tables": tables.to(dev),
                 "seq_lens": (pos + 1).to(torch.int32).to(dev),
-                "window_slots": torch.tensor([s.window_slot or 0 for s in batch.seqs], dtype=torch.int32).to(dev)}
+                "window_slots": torch.tensor([s.window_slot or 0 for s in batch.seqs], dtype=torch.int32).to(dev),
+                "closing": [i for i, p in enumerate(pos.tolist()) if (p + 1) % bs == 0]}  # their token fills a block
+        meta["window_index"] = (meta["window_slots"].long(), meta["offsets"])
         if self.decode_kernel is None:  # the PyTorch path pads every sequence to the longest: mask [B, 1, 1, width * bs]
             meta["mask"] = (torch.arange(width * bs) <= pos[:, None]).view(len(pos), 1, 1, -1).to(dev)
         return meta
@@ -237,9 +239,15 @@ class PagedKVCache:
         (the fused Triton kernels on CUDA; gather + masked SDPA elsewhere)."""
         meta = batch.decode_meta = batch.decode_meta or self._decode_meta(batch)
         scale = q.shape[-1] ** -0.5
-        if self.windowed:  # the ALR-KVD kernel: the new token goes to its window (a full block is compressed)
-            for i, seq in enumerate(batch.seqs):
-                self.write(layer, seq, k_store[i:i + 1], v[i:i + 1])
+        if self.windowed:  # the ALR-KVD kernel: every new token into its window slot, full blocks compressed
+            slots, offsets = meta["window_index"]
+            self.window_k[layer, slots, offsets] = k_store
+            self.window_v[layer, slots, offsets] = v
+            for i in meta["closing"]:
+                seq = batch.seqs[i]
+                start = seq.num_tokens + 1 - self.block_size
+                self.compress(layer, seq.block_table[start // self.block_size], self.window_k[layer, seq.window_slot],
+                              self.window_v[layer, seq.window_slot], start_pos=start)
             return self.decode_kernel(q, self.alrkvd_layers[layer], self.window_k[layer], self.window_v[layer],
                                       meta["tables"], meta["seq_lens"], meta["window_slots"], self.rotary.cos,
                                       self.rotary.sin, scale)
