@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from benchmarks.devices import copy_bandwidth  # noqa: E402
 from kernels.testing import use_interpreter_without_gpu  # noqa: E402
 
 DEVICE = use_interpreter_without_gpu()  # before the kernel modules: Triton decides at @jit time
@@ -59,28 +60,6 @@ VARIANTS = {
 # ------------------------------------------------------------------------------------------------
 # Timing
 # ------------------------------------------------------------------------------------------------
-def copy_bandwidth(device) -> float:
-    """Device-to-device copy, bytes read + written per second: plain copies timed with events (a
-    1 GiB copy replayed inside a CUDA graph measured about a third lower on the H200)."""
-    n = 1 << (30 if device == "cuda" else 24)
-    src = torch.empty(n, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    if device != "cuda":
-        sec = time_calls([lambda: dst.copy_(src)], device)
-        return 2 * n / sec
-    for _ in range(3):
-        dst.copy_(src)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        dst.copy_(src)
-    end.record()
-    end.synchronize()
-    del src, dst
-    return 2 * n * 10 / (start.elapsed_time(end) / 1e3)
-
-
 def time_calls(calls, device, min_total_s: float = 0.1) -> float:
     """Seconds per call, averaged over `calls` (each over its own data), from CUDA-graph replays."""
     if device != "cuda":

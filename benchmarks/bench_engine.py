@@ -17,16 +17,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 
 import torch
 
-from backend.config import ModelConfig
-from backend.engine import EngineArgs, LLMEngine
-from backend.model import MoE, Transformer
-from backend.sampling import SamplingParams
-from kernels.alrkvd_attention import kernel_options
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from backend.config import ModelConfig  # noqa: E402
+from backend.engine import EngineArgs, LLMEngine  # noqa: E402
+from backend.model import MoE, Transformer  # noqa: E402
+from backend.sampling import SamplingParams  # noqa: E402
+from benchmarks.devices import copy_bandwidth  # noqa: E402
+from kernels.alrkvd_attention import kernel_options  # noqa: E402
 
 SHAPES = {
     "qwen3-30b-a3b": dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, num_hidden_layers=48,
@@ -142,22 +146,6 @@ def alrkvd_kernel_tokens(steps: int = 60) -> list[dict]:
         rows.append({"prompt_tokens": n, "steps": steps, "equal": a == b,
                      "first_difference": next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)})
     return rows
-
-
-def copy_bandwidth(nbytes: int = 1 << 30) -> float:
-    """Device-to-device copy, read + write bytes per second (the H200 README's definition)."""
-    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        b.copy_(a)
-    end.record()
-    torch.cuda.synchronize()
-    return 2 * nbytes * 10 / (start.elapsed_time(end) / 1e3)
 
 
 class ExpertCounter:
