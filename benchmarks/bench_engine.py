@@ -269,12 +269,57 @@ def run_decode(engine: LLMEngine, counter: ExpertCounter, batch: int, context: i
             "unique_experts_per_step": unique, **streaming}
 
 
+def bench_gpu_prefill(name: str, contexts, kv_formats) -> list[dict]:
+    """Time to first token of one prompt of each length through the engine (chunked prefill of 8192
+    tokens: attention, MoE, and for `alrkvd` the compression of every full block), per KV format."""
+    rows = []
+    folder = tempfile.mkdtemp()
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(SHAPES[name], f)
+    head_dim = SHAPES[name].get("head_dim") or SHAPES[name]["hidden_size"] // SHAPES[name]["num_attention_heads"]
+    for kv_format in kv_formats:
+        kv_options = kernel_options(head_dim) if kv_format == "alrkvd" else {}
+        engine = LLMEngine(EngineArgs(model=folder, load_format="dummy", tokenizer="none", device="cuda",
+                                      kv_format=kv_format, kv_options=kv_options, kv_budget_bytes=8 << 30,
+                                      max_num_seqs=4, max_num_batched_tokens=8192, max_model_len=40960))
+        params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+        spent = {"compress_s": 0.0, "compress_calls": 0}
+        compress = engine.cache.compress
+
+        def timed_compress(*a, **kw):  # the share of block compression in the prefill (synchronised)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            compress(*a, **kw)
+            torch.cuda.synchronize()
+            spent["compress_s"] += time.perf_counter() - t
+            spent["compress_calls"] += 1  # one per (block, layer)
+        engine.cache.compress = timed_compress
+        for context in [min(contexts)] + list(contexts):  # the first run warms up (compilation)
+            spent.update(compress_s=0.0, compress_calls=0)
+            rid = engine.add_request(None, SamplingParams(**vars(params)), prompt_ids=[1] * context)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            while engine.has_unfinished():
+                engine.step()
+            torch.cuda.synchronize()
+            row = {"model": name, "kv_format": kv_format, "context": context, "ttft_s": time.perf_counter() - t0,
+                   **spent}
+            engine.requests.pop(rid, None)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        rows.pop(-len(contexts) - 1)  # the warm-up
+        del engine
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--cpu-logits", action="store_true", help="logit drift of fp16 weights and of transformers bf16")
     ap.add_argument("--gpu-alrkvd-tokens", action="store_true", help="ALR-KVD kernel vs PyTorch path, greedy tokens")
+    ap.add_argument("--gpu-prefill", action="store_true", help="time to first token of long prompts per KV format")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3, help="CPU: turns over the four systems (medians reported)")
     ap.add_argument("--models", default="qwen3-30b-a3b,mixtral-8x7b")
@@ -295,6 +340,10 @@ def main():
     if args.gpu_alrkvd_tokens:
         result["alrkvd_kernel_tokens"] = alrkvd_kernel_tokens()
         print(json.dumps(result["alrkvd_kernel_tokens"], indent=1))
+    if args.gpu_prefill:
+        result["device"] = torch.cuda.get_device_name()
+        result["gpu_prefill"] = bench_gpu_prefill(args.models.split(",")[0], [int(c) for c in args.contexts.split(",")],
+                                                  args.kv_formats.split(","))
     if args.gpu:
         result["device"] = torch.cuda.get_device_name()
         result["gpu"] = bench_gpu(args.models.split(","), [int(b) for b in args.batches.split(",")],
