@@ -96,7 +96,7 @@ class PagedKVCache:
         if attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be auto, torch or triton, not {attention_backend!r}")
         self.decode_kernel = None
-        self.compress = self.format.encode  # a windowed format's full block -> its compressed form
+        self.compress = self._encode_blocks  # a windowed format's full blocks -> their compressed form
         self.alrkvd_layers = self._alrkvd_kernel_views(cfg.num_layers) if kv_format == "alrkvd" else None
         if str(device).startswith("cuda") and attention_backend != "torch":
             if kv_format in ("full", "fp16"):
@@ -116,10 +116,18 @@ class PagedKVCache:
         except NotImplementedError:
             return None
 
-    def _compress_kernel(self, layer: int, block_id: int, k: torch.Tensor, v: torch.Tensor, start_pos: int):
-        """`format.encode` through the Triton compression kernel (kernels/alrkvd_compress.py)."""
+    def _encode_blocks(self, layer: int, blocks: list[tuple[int, int, torch.Tensor, torch.Tensor]]):
+        """Compress full blocks, each (block id, first position, k [T, H, D], v), with the format's encode."""
+        for block_id, start, k, v in blocks:
+            self.format.encode(layer, block_id, k, v, start_pos=start)
+
+    def _compress_kernel(self, layer: int, blocks: list[tuple[int, int, torch.Tensor, torch.Tensor]]):
+        """`_encode_blocks` in one call of the Triton compression kernel (kernels/alrkvd_compress.py): one
+        basis decomposition for all the blocks of a prefill chunk or a decode step."""
         from kernels.alrkvd_compress import alrkvd_compress
-        alrkvd_compress(self.format, layer, [block_id], k[None], v[None], start_pos=[start_pos])
+        if blocks:
+            ids, starts, ks, vs = zip(*blocks)
+            alrkvd_compress(self.format, layer, list(ids), torch.stack(ks), torch.stack(vs), start_pos=list(starts))
 
     # ---- allocation -------------------------------------------------------------------
     def blocks_needed(self, seq: SeqKV, num_new: int) -> int:
@@ -176,17 +184,18 @@ class PagedKVCache:
             table = torch.tensor(seq.block_table, dtype=torch.long)
             self.format.write(layer, table[pos // bs].to(k.device), (pos % bs).to(k.device), k, v)
             return
-        done = 0
+        done, full = 0, []
         while done < n:
             pos = start + done
             off = pos % bs
             m = min(n - done, bs - off)
             self.window_k[layer, seq.window_slot, off:off + m] = k[done:done + m]
             self.window_v[layer, seq.window_slot, off:off + m] = v[done:done + m]
-            if off + m == bs:  # the block is full: compress it
-                self.compress(layer, seq.block_table[pos // bs], self.window_k[layer, seq.window_slot],
-                              self.window_v[layer, seq.window_slot], start_pos=pos - off)
+            if off + m == bs:  # the block is full (a copy: the window takes the next block's tokens)
+                full.append((seq.block_table[pos // bs], pos - off, self.window_k[layer, seq.window_slot].clone(),
+                             self.window_v[layer, seq.window_slot].clone()))
             done += m
+        self.compress(layer, full)
 
     # ---- attention ----------------------------------------------------------------------
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, k_rot: torch.Tensor, v: torch.Tensor,
@@ -243,11 +252,13 @@ class PagedKVCache:
             slots, offsets = meta["window_index"]
             self.window_k[layer, slots, offsets] = k_store
             self.window_v[layer, slots, offsets] = v
+            full = []
             for i in meta["closing"]:
                 seq = batch.seqs[i]
                 start = seq.num_tokens + 1 - self.block_size
-                self.compress(layer, seq.block_table[start // self.block_size], self.window_k[layer, seq.window_slot],
-                              self.window_v[layer, seq.window_slot], start_pos=start)
+                full.append((seq.block_table[start // self.block_size], start, self.window_k[layer, seq.window_slot],
+                             self.window_v[layer, seq.window_slot]))
+            self.compress(layer, full)
             return self.decode_kernel(q, self.alrkvd_layers[layer], self.window_k[layer], self.window_v[layer],
                                       meta["tables"], meta["seq_lens"], meta["window_slots"], self.rotary.cos,
                                       self.rotary.sin, scale)

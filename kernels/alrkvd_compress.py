@@ -193,14 +193,11 @@ def _basis_step(fmt, layer: int, ids: torch.Tensor, k: torch.Tensor, v: torch.Te
     """Batched SVD, rank allocation and 8-bit basis of `encode`, written to ranks/basis/basis_scale."""
     H = fmt.num_kv_heads
     x = torch.cat([k.float(), v.float()], dim=2).permute(0, 2, 1, 3)  # [n, 2H, T, D]
-    if hasattr(fmt, "_svd"):  # the format's own decomposition (batched over blocks here), as encode uses it
-        svals, vh = fmt._svd(x.flatten(0, 1))
-        svals, vh = svals.unflatten(0, x.shape[:2]), vh.unflatten(0, x.shape[:2])
-    else:
-        _, svals, vh = torch.linalg.svd(x, full_matrices=False)
+    # the format's own decomposition (batched over blocks here), as encode uses it
+    svals, vh, total = (t.unflatten(0, x.shape[:2]) for t in fmt._svd(x.flatten(0, 1)))
     qmax = 127
     for i in range(x.shape[0]):
-        ranks = fmt.allocate_ranks(svals[i], fmt._head_tilt[layer])
+        ranks = fmt.allocate_ranks(svals[i], fmt._head_tilt[layer], total[i])
         rows = torch.cat([vh[i, s, : int(ranks[s])] for s in range(2 * H)], 0)  # [R, D]
         bscale = (rows.abs().amax(-1) / qmax).to(torch.float16)
         bq = torch.round(rows / bscale.float().clamp_min(1e-8)[:, None]).clamp_(-qmax, qmax)

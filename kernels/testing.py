@@ -59,7 +59,7 @@ def build_alrkvd_case(k_blocks, v_blocks, window_k, window_v, generator: torch.G
                       rope_theta: float = 10000.0, num_slots: int | None = None, **options):
     """A one-layer ALR-KVD cache (backend.kv_formats) holding given sequences, and the kernel's inputs.
 
-    Options: the kernel's (`KERNEL_OPTIONS`, group = head_dim) unless given.
+    Options: the layout the kernel reads (`KERNEL_OPTIONS`, group = head_dim) unless given.
     k_blocks/v_blocks: per sequence a list of closed blocks `[T, H, D]` (keys before RoPE);
     window_k/window_v: per sequence its window rows `[n < T, H, D]`. Blocks are placed at random
     block ids, windows at shuffled slots. Returns a dict with `fmt` and the kwargs of
@@ -67,14 +67,14 @@ def build_alrkvd_case(k_blocks, v_blocks, window_k, window_v, generator: torch.G
     from types import SimpleNamespace
 
     from backend.kv_formats import make_format
-    from kernels.alrkvd_attention import AlrkvdLayer, kernel_options
+    from kernels.alrkvd_attention import KERNEL_OPTIONS, AlrkvdLayer
 
     T = options.pop("block_size")
     H, D = window_k[0].shape[-2:]
     dtype = window_k[0].dtype
     batch = len(k_blocks)
     num_blocks = sum(len(s) for s in k_blocks) + 2
-    options = kernel_options(D, **options)
+    options = {**KERNEL_OPTIONS, "group": D, **options}  # the layout the kernel reads, the exact basis
     fmt = make_format("alrkvd", 1, H, D, dtype, "cpu", num_blocks=num_blocks, block_size=T, **options)
     inv_freq = (1.0 / (rope_theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))).float()
     ang = torch.outer(torch.arange(max(len(s) for s in k_blocks) * T + T, dtype=torch.float32), inv_freq)

@@ -194,7 +194,7 @@ def test_alrkvd_compress_kernel_glue():
     from kernels.alrkvd_attention import kernel_options
     engine = LLMEngine(EngineArgs(model="default", kv_format="alrkvd", kv_options=kernel_options(64, block_size=64),
                                   max_num_seqs=4))
-    assert engine.cache.compress == engine.cache.format.encode  # CPU: the PyTorch path
+    assert engine.cache.compress == engine.cache._encode_blocks  # CPU: the format's PyTorch encode
     prompts = ["The quick brown fox jumps over the lazy dog. " * 6,
                "A journey of a thousand miles begins with a single step. " * 11]
     assert [len(engine.tokenizer.encode(p)) for p in prompts] == [61, 133]

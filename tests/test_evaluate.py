@@ -103,6 +103,20 @@ def test_perplexity_through_compressed_cache(engine):
     assert res["alrkvd"]["kv_block_bytes_per_token"] < res["kivi2"]["kv_block_bytes_per_token"]
 
 
+def test_memoized_evaluation_equals_plain_over_windows(engine):
+    """The second window reuses the block ids the first one freed: the harness's memoized decode gives the
+    perplexity the format's own decode gives."""
+    eng, ids = engine
+    opts = {"block_size": 64, "rank_budget": "8", "latent_bits": "4"}
+    evaluate.set_cache(eng, "alrkvd", opts, 256)
+    memoized = evaluate.perplexity(eng, ids, 256, 64)
+    evaluate.set_cache(eng, "alrkvd", opts, 256)
+    del eng.cache.format.encode, eng.cache.format.decode  # back to the format's own methods
+    plain = evaluate.perplexity(eng, ids, 256, 64)
+    assert memoized["windows"] == plain["windows"] == 2
+    assert memoized["ppl"] == pytest.approx(plain["ppl"], rel=1e-6)
+
+
 def test_cli_json(capsys):
     rc = evaluate.main(["perplexity", "--kv", "kivi4", "--context", "256", "--max-tokens", "300",
                         "--chunk", "128", "--json"])

@@ -66,6 +66,7 @@ def _compare(k, v, block_ids, num_blocks, **options):
     {"codebook": "uniform", "k_bits": 3, "rank_min": 2, "rank_max": 16},  # mixed ranks
     {"key_frame": "post_rope"},
     {"key_frame": "post_rope", "codebook": "uniform", "rotate": "false", "k_bits": 4},  # the decode kernel's set
+    {"key_frame": "post_rope", "codebook": "uniform", "rotate": "false", "basis_solver": "subspace", "rank_max": 16},
 ])
 def test_random_blocks(options):
     gen = torch.Generator().manual_seed(len(options))
