@@ -6,7 +6,8 @@ row the median of 5 timed calls after a warm-up:
   cpu-eigh-f64   what ALRKVDFormat._svd does today (the Gram copied to the CPU, float64 LAPACK)
   cuda-eigh-f32 / cuda-eigh-f64   torch.linalg.eigh on the GPU
   cuda-subspace-kK   top-K directions by subspace iteration (3 steps, QR) and a K x K Rayleigh-Ritz eigh,
-                     all on the GPU; K = rank_max + 8
+                     all on the GPU in float32 (ALRKVDFormat basis_solver=subspace runs it in float64);
+                     K = rank_max + 8
 
     python benchmarks/bench_basis.py --out basis.json      # H200
 """
