@@ -708,6 +708,18 @@ class ALRKVDFormat(KVFormat):
         total = S.pow(2).sum(-1) if exact else G.diagonal(dim1=-2, dim2=-1).sum(-1).float()
         return S, U.transpose(1, 2).float(), total
 
+    def quantized_basis(self, layer: int, svals: torch.Tensor, vh: torch.Tensor, total: torch.Tensor):
+        """One block's basis from its `_svd` (svals [2H, m], vh [2H, m, D], total [2H]): ranks [2H] by
+        water-filling, the leading rows of each stream [R, D] as symmetric ``basis_bits`` codes (float) and
+        their fp16 scales [R]."""
+        H = self.num_kv_heads
+        ranks = self.allocate_ranks(svals, self._head_tilt[layer], total)
+        rows = torch.cat([vh[s, : int(ranks[s])] for s in range(2 * H)], 0)
+        qmax = (1 << (self.options["basis_bits"] - 1)) - 1
+        bscale = (rows.abs().amax(-1) / qmax).to(torch.float16)
+        bq = torch.round(rows / bscale.float().clamp_min(1e-8)[:, None]).clamp_(-qmax, qmax)
+        return ranks, bq, bscale
+
     def encode(self, layer, block_id, k, v, start_pos: int | None = None):
         """Compress one full block: k [T, H, D] before RoPE, v [T, H, D].  ``start_pos`` (the position of
         the block's first token) is needed by ``key_frame=post_rope`` only."""
@@ -720,14 +732,7 @@ class ALRKVDFormat(KVFormat):
         X = torch.cat([k.float(), v.float()], dim=1).permute(1, 0, 2).contiguous()   # [2H, T, D]
         rec = torch.zeros_like(X)
         if R > 0:
-            S, Vh, total = self._svd(X)                                               # Vh [2H, m, D]
-            ranks = self.allocate_ranks(S, self._head_tilt[layer], total)
-            rows = torch.cat([Vh[s, : int(ranks[s])] for s in range(2 * H)], 0)        # [R, D]
-            # basis: symmetric per-row quantization
-            bb = o["basis_bits"]
-            qmax = (1 << (bb - 1)) - 1
-            bscale = (rows.abs().amax(-1) / qmax).to(torch.float16)
-            bq = torch.round(rows / bscale.float().clamp_min(1e-8)[:, None]).clamp_(-qmax, qmax)
+            ranks, bq, bscale = self.quantized_basis(layer, *self._svd(X))
             B = bq * bscale.float()[:, None]                                          # dequantized [R, D]
             owner = torch.repeat_interleave(torch.arange(2 * H), ranks).to(X.device)  # stream of each row
             lat = torch.einsum("rtd,rd->tr", X[owner], B)                             # [T, R]
@@ -736,10 +741,11 @@ class ALRKVDFormat(KVFormat):
             contrib = latd.t()[:, :, None] * B[:, None, :]                            # [R, T, D]
             rec.index_add_(0, owner, contrib)
             self.ranks[layer, block_id] = ranks.to(torch.int16)
+            bb = o["basis_bits"]
             if bb == 8:
                 self.basis[layer, block_id] = bq.to(torch.int8)
             else:
-                self.basis[layer, block_id] = pack_bits((bq + qmax + 1).to(torch.int32), bb)
+                self.basis[layer, block_id] = pack_bits((bq + (1 << (bb - 1))).to(torch.int32), bb)
             self.basis_scale[layer, block_id] = bscale
             self.latent[layer, block_id] = pack_bits(lq, o["latent_bits"])
             self.latent_scale[layer, block_id] = ls[0]

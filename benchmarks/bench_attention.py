@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.devices import copy_bandwidth  # noqa: E402
-from kernels.testing import use_interpreter_without_gpu  # noqa: E402
+from kernels.testing import rope_tables, use_interpreter_without_gpu  # noqa: E402
 
 DEVICE = use_interpreter_without_gpu()  # before the kernel modules: Triton decides at @jit time
 
@@ -112,14 +112,6 @@ def num_copies(bytes_per_call: int, device) -> int:
 # ------------------------------------------------------------------------------------------------
 # Data
 # ------------------------------------------------------------------------------------------------
-def rope_tables(length, head_dim, device, theta=1e6) -> dict:
-    """The RoPE tables the engine keeps (backend.model.Rotary): cos/sin [length, D] fp32."""
-    inv_freq = (1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)).float()
-    ang = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)
-    ang = torch.cat([ang, ang], -1).to(device)
-    return {"cos": ang.cos(), "sin": ang.sin()}
-
-
 def make_alrkvd(batch, length, num_kv_heads, head_dim, block, ranks_k, ranks_v, device, gen, k_bits=2, v_bits=2):
     """A synthetic ALR-KVD layer (random codes; speed does not depend on values) holding `batch`
     sequences of `length` tokens in closed blocks. Returns (kwargs of the kernel, bytes read)."""
@@ -156,7 +148,7 @@ def make_alrkvd(batch, length, num_kv_heads, head_dim, block, ranks_k, ranks_v, 
     kwargs = dict(cache=layer, window_k=window, window_v=window.clone(), block_tables=block_tables.to(device),
                   seq_lens=torch.full((batch,), length, dtype=torch.int32, device=device),
                   window_slots=torch.arange(batch, dtype=torch.int32, device=device),
-                  **rope_tables(length, D, device))
+                  **vars(rope_tables(D, length, 1e6, device)))
     return kwargs, nb * per_block
 
 

@@ -185,6 +185,20 @@ def expert_bytes(cfg: dict, elt: int = 2) -> int:
     return len(c.moe_layers) * c.num_experts * 3 * c.hidden_size * c.moe_intermediate_size * elt
 
 
+def dummy_engine(name: str, kv_format: str, **args) -> LLMEngine:
+    """The engine on CUDA over dummy weights of SHAPES[name] (chunks of 8192 tokens, 40960 positions);
+    `alrkvd` with the options its Triton kernels read."""
+    shape = SHAPES[name]
+    folder = tempfile.mkdtemp()
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(shape, f)
+    head_dim = shape.get("head_dim") or shape["hidden_size"] // shape["num_attention_heads"]
+    kv_options = kernel_options(head_dim) if kv_format == "alrkvd" else {}
+    return LLMEngine(EngineArgs(model=folder, load_format="dummy", tokenizer="none", device="cuda",
+                                kv_format=kv_format, kv_options=kv_options, max_num_batched_tokens=8192,
+                                max_model_len=40960, **args))
+
+
 def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv_formats=("fp16",)) -> list[dict]:
     """`expert_fractions` below 1: the routed experts stream from pinned host memory through a
     device cache of that fraction of their bytes (backend/experts.py), the whole model in the engine.
@@ -192,20 +206,13 @@ def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv
     rows = []
     bw = copy_bandwidth()
     for name, fraction, kv_format in [(n, f, k) for n in shapes for f in expert_fractions for k in kv_formats]:
-        folder = tempfile.mkdtemp()
-        with open(os.path.join(folder, "config.json"), "w") as f:
-            json.dump(SHAPES[name], f)
         weights = weight_bytes(SHAPES[name])
         experts = expert_bytes(SHAPES[name])
         expert_budget = None if fraction >= 1 else int(fraction * experts)
         on_device = weights if expert_budget is None else weights - experts + expert_budget
         budget = torch.cuda.mem_get_info()[0] - on_device - (6 << 30)  # headroom for activations
-        head_dim = SHAPES[name].get("head_dim") or SHAPES[name]["hidden_size"] // SHAPES[name]["num_attention_heads"]
-        kv_options = kernel_options(head_dim) if kv_format == "alrkvd" else {}  # the options its decode kernel reads
-        engine = LLMEngine(EngineArgs(model=folder, load_format="dummy", tokenizer="none", device="cuda",
-                                      kv_format=kv_format, kv_options=kv_options, kv_budget_bytes=budget, max_num_seqs=64,
-                                      max_num_batched_tokens=8192, max_model_len=40960,
-                                      expert_budget_bytes=expert_budget))
+        engine = dummy_engine(name, kv_format, kv_budget_bytes=budget, max_num_seqs=64,
+                              expert_budget_bytes=expert_budget)
         counter = ExpertCounter(engine.model)
         for batch in batches:
             for context in contexts:
@@ -273,15 +280,8 @@ def bench_gpu_prefill(name: str, contexts, kv_formats) -> list[dict]:
     """Time to first token of one prompt of each length through the engine (chunked prefill of 8192
     tokens: attention, MoE, and for `alrkvd` the compression of every full block), per KV format."""
     rows = []
-    folder = tempfile.mkdtemp()
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(SHAPES[name], f)
-    head_dim = SHAPES[name].get("head_dim") or SHAPES[name]["hidden_size"] // SHAPES[name]["num_attention_heads"]
     for kv_format in kv_formats:
-        kv_options = kernel_options(head_dim) if kv_format == "alrkvd" else {}
-        engine = LLMEngine(EngineArgs(model=folder, load_format="dummy", tokenizer="none", device="cuda",
-                                      kv_format=kv_format, kv_options=kv_options, kv_budget_bytes=8 << 30,
-                                      max_num_seqs=4, max_num_batched_tokens=8192, max_model_len=40960))
+        engine = dummy_engine(name, kv_format, kv_budget_bytes=8 << 30, max_num_seqs=4)
         params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
         spent = {"compress_s": 0.0, "compress_calls": 0, "compressed_blocks": 0}
         compress = engine.cache.compress

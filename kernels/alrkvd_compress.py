@@ -191,16 +191,11 @@ def _alrkvd_compress_kernel(
 
 def _basis_step(fmt, layer: int, ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Batched SVD, rank allocation and 8-bit basis of `encode`, written to ranks/basis/basis_scale."""
-    H = fmt.num_kv_heads
     x = torch.cat([k.float(), v.float()], dim=2).permute(0, 2, 1, 3)  # [n, 2H, T, D]
-    # the format's own decomposition (batched over blocks here), as encode uses it
+    # the format's own decomposition (batched over blocks here) and basis, as encode uses them
     svals, vh, total = (t.unflatten(0, x.shape[:2]) for t in fmt._svd(x.flatten(0, 1)))
-    qmax = 127
     for i in range(x.shape[0]):
-        ranks = fmt.allocate_ranks(svals[i], fmt._head_tilt[layer], total[i])
-        rows = torch.cat([vh[i, s, : int(ranks[s])] for s in range(2 * H)], 0)  # [R, D]
-        bscale = (rows.abs().amax(-1) / qmax).to(torch.float16)
-        bq = torch.round(rows / bscale.float().clamp_min(1e-8)[:, None]).clamp_(-qmax, qmax)
+        ranks, bq, bscale = fmt.quantized_basis(layer, svals[i], vh[i], total[i])
         fmt.ranks[layer, ids[i]] = ranks.to(torch.int16)
         fmt.basis[layer, ids[i]] = bq.to(torch.int8)
         fmt.basis_scale[layer, ids[i]] = bscale

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from types import SimpleNamespace
 
 import torch
 
@@ -55,6 +56,15 @@ def make_block_tables(seq_lens: list[int], block_size: int, num_blocks: int,
     return table
 
 
+def rope_tables(head_dim: int, max_len: int, theta: float = 10000.0, device="cpu") -> SimpleNamespace:
+    """The RoPE tables backend.model.Rotary holds (`cos`, `sin` [max_len, head_dim] fp32, HF layout), for
+    a plain RoPE of base `theta` without a ModelConfig."""
+    inv_freq = (1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)).float()
+    ang = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
+    ang = torch.cat([ang, ang], -1).to(device)
+    return SimpleNamespace(cos=ang.cos(), sin=ang.sin())
+
+
 def build_alrkvd_case(k_blocks, v_blocks, window_k, window_v, generator: torch.Generator,
                       rope_theta: float = 10000.0, num_slots: int | None = None, **options):
     """A one-layer ALR-KVD cache (backend.kv_formats) holding given sequences, and the kernel's inputs.
@@ -64,8 +74,6 @@ def build_alrkvd_case(k_blocks, v_blocks, window_k, window_v, generator: torch.G
     window_k/window_v: per sequence its window rows `[n < T, H, D]`. Blocks are placed at random
     block ids, windows at shuffled slots. Returns a dict with `fmt` and the kwargs of
     `alrkvd_decode_attention` except `q` and `scale`."""
-    from types import SimpleNamespace
-
     from backend.kv_formats import make_format
     from kernels.alrkvd_attention import KERNEL_OPTIONS, AlrkvdLayer
 
@@ -76,10 +84,7 @@ def build_alrkvd_case(k_blocks, v_blocks, window_k, window_v, generator: torch.G
     num_blocks = sum(len(s) for s in k_blocks) + 2
     options = {**KERNEL_OPTIONS, "group": D, **options}  # the layout the kernel reads, the exact basis
     fmt = make_format("alrkvd", 1, H, D, dtype, "cpu", num_blocks=num_blocks, block_size=T, **options)
-    inv_freq = (1.0 / (rope_theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))).float()
-    ang = torch.outer(torch.arange(max(len(s) for s in k_blocks) * T + T, dtype=torch.float32), inv_freq)
-    ang = torch.cat([ang, ang], -1)
-    rotary = SimpleNamespace(cos=ang.cos(), sin=ang.sin())  # the tables backend.model.Rotary holds
+    rotary = rope_tables(D, max(len(s) for s in k_blocks) * T + T, rope_theta)
     fmt.set_rotary(rotary)
     perm = torch.randperm(num_blocks, generator=generator).tolist()
     seq_lens, tables = [], []

@@ -8,12 +8,11 @@ another of the 5 scale factors, which changes that group's codes). So in every o
 most 0.1% of the entries (or 2, if more) differ, latent codes by at most 1, and the decoded blocks
 agree within 1% of the data's largest magnitude.
 """
-from kernels.testing import random_kv, use_interpreter_without_gpu
+from kernels.testing import random_kv, rope_tables, use_interpreter_without_gpu
 
 DEVICE = use_interpreter_without_gpu()
 
 from pathlib import Path  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -24,14 +23,6 @@ from kernels.alrkvd_compress import alrkvd_compress  # noqa: E402
 SMOLLM2_KV = Path(__file__).resolve().parents[1] / "kernels" / "testdata" / "smollm2_kv.pt"
 
 
-def _rotary(head_dim: int, max_len: int, theta: float = 10000.0):
-    """The RoPE tables backend.model.Rotary holds."""
-    inv_freq = (1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)).float()
-    ang = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
-    ang = torch.cat([ang, ang], -1)
-    return SimpleNamespace(cos=ang.cos().to(DEVICE), sin=ang.sin().to(DEVICE))
-
-
 def _compare(k, v, block_ids, num_blocks, **options):
     H, D, T = k.shape[2], k.shape[3], k.shape[1]
     k, v = k.to(DEVICE), v.to(DEVICE)
@@ -39,7 +30,7 @@ def _compare(k, v, block_ids, num_blocks, **options):
     out = make_format("alrkvd", 1, H, D, k.dtype, DEVICE, num_blocks=num_blocks, block_size=T, **options)
     start = [(3 * i + 1) * T for i in range(len(block_ids))]  # blocks anywhere in a sequence (post_rope)
     for fmt in (ref, out):
-        fmt.set_rotary(_rotary(D, 4 * T * len(block_ids)))
+        fmt.set_rotary(rope_tables(D, 4 * T * len(block_ids), device=DEVICE))
     for i, bid in enumerate(block_ids):
         ref.encode(0, bid, k[i], v[i], start_pos=start[i])
     alrkvd_compress(out, 0, block_ids, k, v, start_pos=start)
