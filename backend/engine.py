@@ -45,6 +45,7 @@ class EngineArgs:
     max_queue_size: int = 256          # waiting requests before QueueFullError
     scheduling_policy: str = "fcfs"    # "fcfs" or "priority" (lower value first)
     attention_backend: str = "auto"    # "auto": Triton decode kernels on CUDA; "torch": reference path
+    kv_compress_stream: bool = True    # CUDA: compress the blocks decode steps fill on a side stream
     seed: int = 0
     expert_budget_bytes: int | None = None  # device bytes for routed experts, streamed from host; None: all resident
     expert_prefetch: int = 1           # MoE layers ahead whose experts are prefetched (pre-gating); 0: on demand only
@@ -118,7 +119,8 @@ class LLMEngine:
         a.kv_format, a.kv_options, a.kv_budget_bytes = kv_format, dict(kv_options), budget_bytes
         self.cache = None  # free the old pool before allocating the new one
         self.cache = PagedKVCache(self.cfg, self.model.rotary, kv_format, a.kv_options, budget_bytes, max_num_seqs,
-                                  self.model.embed_tokens.weight.dtype, a.device, a.attention_backend)
+                                  self.model.embed_tokens.weight.dtype, a.device, a.attention_backend,
+                                  a.kv_compress_stream)
 
     # ---- requests -----------------------------------------------------------------------
     def tokenize(self, prompt) -> list[int]:

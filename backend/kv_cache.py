@@ -65,7 +65,7 @@ class BlockAllocator:
 class PagedKVCache:
     def __init__(self, cfg: ModelConfig, rotary, kv_format: str = "fp16", kv_options: dict | None = None,
                  budget_bytes: int = 256 << 20, max_num_seqs: int = 16, dtype=torch.float32, device="cpu",
-                 attention_backend: str = "auto"):
+                 attention_backend: str = "auto", compress_stream: bool = True):
         if kv_format not in FORMATS:
             raise ValueError(f"unknown kv format {kv_format!r}; choose from {sorted(FORMATS)}")
         options = dict(kv_options or {})
@@ -97,6 +97,9 @@ class PagedKVCache:
             raise ValueError(f"attention_backend must be auto, torch or triton, not {attention_backend!r}")
         self.decode_kernel = None
         self.compress = self._encode_blocks  # a windowed format's full blocks -> their compressed form
+        self.compress_stream = None  # side CUDA stream for the blocks decode steps fill (None: inline)
+        self._filled = []            # blocks this decode step filled, compressed at commit
+        self._compressing = None     # the event of the side stream's last compression
         self.alrkvd_layers = self._alrkvd_kernel_views(cfg.num_layers) if kv_format == "alrkvd" else None
         if str(device).startswith("cuda") and attention_backend != "torch":
             if kv_format in ("full", "fp16"):
@@ -106,6 +109,8 @@ class PagedKVCache:
                 from kernels.alrkvd_attention import alrkvd_decode_attention
                 self.decode_kernel = alrkvd_decode_attention
                 self.compress = self._compress_kernel
+                if compress_stream:  # blocks filled by decode steps: compressed behind the attention
+                    self.compress_stream = torch.cuda.Stream(device)
 
     def _alrkvd_kernel_views(self, num_layers: int):
         """Per-layer views of the ALR-KVD storage for its decode kernel, or None when these options
@@ -116,18 +121,41 @@ class PagedKVCache:
         except NotImplementedError:
             return None
 
-    def _encode_blocks(self, layer: int, blocks: list[tuple[int, int, torch.Tensor, torch.Tensor]]):
-        """Compress full blocks, each (block id, first position, k [T, H, D], v), with the format's encode."""
-        for block_id, start, k, v in blocks:
+    def _encode_blocks(self, blocks: list[tuple[int, int, int, torch.Tensor, torch.Tensor]]):
+        """Compress full blocks, each (layer, block id, first position, k [T, H, D], v), with the format's encode."""
+        for layer, block_id, start, k, v in blocks:
             self.format.encode(layer, block_id, k, v, start_pos=start)
 
-    def _compress_kernel(self, layer: int, blocks: list[tuple[int, int, torch.Tensor, torch.Tensor]]):
+    def _compress_kernel(self, blocks: list[tuple[int, int, int, torch.Tensor, torch.Tensor]]):
         """`_encode_blocks` in one call of the Triton compression kernel (kernels/alrkvd_compress.py): one
-        basis decomposition for all the blocks of a prefill chunk or a decode step."""
+        basis decomposition for all the blocks of a prefill chunk, or of every layer of a decode step."""
         from kernels.alrkvd_compress import alrkvd_compress
         if blocks:
-            ids, starts, ks, vs = zip(*blocks)
-            alrkvd_compress(self.format, layer, list(ids), torch.stack(ks), torch.stack(vs), start_pos=list(starts))
+            layers, ids, starts, ks, vs = zip(*blocks)
+            alrkvd_compress(self.format, list(layers), list(ids), torch.stack(ks), torch.stack(vs),
+                            start_pos=list(starts))
+
+    def _compress_filled(self):
+        """Compress the blocks that the decode step's layers filled (read from the window until now), all
+        layers in one call, on the side stream when there is one: after the step's forward, overlapping
+        its sampling. The next touch of the window or the blocks waits for it (`_wait_compressed`)."""
+        blocks, self._filled = self._filled, []
+        if not blocks:
+            return
+        if self.compress_stream is None:
+            self.compress(blocks)
+            return
+        self.compress_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.compress_stream):
+            self.compress(blocks)
+            self._compressing = torch.cuda.Event()
+            self._compressing.record()
+
+    def _wait_compressed(self):
+        """Before a window or a block is read or written: the side stream's compression is done."""
+        if self._compressing is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._compressing)
+            self._compressing = None
 
     # ---- allocation -------------------------------------------------------------------
     def blocks_needed(self, seq: SeqKV, num_new: int) -> int:
@@ -154,9 +182,11 @@ class PagedKVCache:
         seq.block_table, seq.num_tokens, seq.window_slot = [], 0, None
 
     def commit(self, batch: AttentionBatch):
-        """After a forward step: the step's tokens are now part of each sequence's cache."""
+        """After a forward step: the step's tokens are now part of each sequence's cache, and the blocks
+        a decode step filled are compressed."""
         for seq, n in zip(batch.seqs, batch.query_lens):
             seq.num_tokens += n
+        self._compress_filled()
 
     # ---- storage ----------------------------------------------------------------------
     def read(self, layer: int, seq: SeqKV, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,6 +197,7 @@ class PagedKVCache:
             k, v = self.format.decode(layer, seq.block_table[:-(-P // bs)])
             k, v = k[:P], v[:P]
         else:
+            self._wait_compressed()
             closed, in_window = divmod(P, bs)
             k, v = self.format.decode(layer, seq.block_table[:closed])
             if in_window:
@@ -184,6 +215,7 @@ class PagedKVCache:
             table = torch.tensor(seq.block_table, dtype=torch.long)
             self.format.write(layer, table[pos // bs].to(k.device), (pos % bs).to(k.device), k, v)
             return
+        self._wait_compressed()
         done, full = 0, []
         while done < n:
             pos = start + done
@@ -192,10 +224,11 @@ class PagedKVCache:
             self.window_k[layer, seq.window_slot, off:off + m] = k[done:done + m]
             self.window_v[layer, seq.window_slot, off:off + m] = v[done:done + m]
             if off + m == bs:  # the block is full (a copy: the window takes the next block's tokens)
-                full.append((seq.block_table[pos // bs], pos - off, self.window_k[layer, seq.window_slot].clone(),
-                             self.window_v[layer, seq.window_slot].clone()))
+                full.append((layer, seq.block_table[pos // bs], pos - off,
+                             self.window_k[layer, seq.window_slot].clone(), self.window_v[layer, seq.window_slot].clone()))
             done += m
-        self.compress(layer, full)
+        if full:
+            self.compress(full)
 
     # ---- attention ----------------------------------------------------------------------
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, k_rot: torch.Tensor, v: torch.Tensor,
@@ -248,20 +281,21 @@ class PagedKVCache:
         (the fused Triton kernels on CUDA; gather + masked SDPA elsewhere)."""
         meta = batch.decode_meta = batch.decode_meta or self._decode_meta(batch)
         scale = q.shape[-1] ** -0.5
-        if self.windowed:  # the ALR-KVD kernel: every new token into its window slot, full blocks compressed
+        if self.windowed:  # the ALR-KVD kernel: every new token into its window slot, then attend; the
+            # blocks this step fills are read from the window and compressed at commit (all layers at once)
+            self._wait_compressed()
             slots, offsets = meta["window_index"]
             self.window_k[layer, slots, offsets] = k_store
             self.window_v[layer, slots, offsets] = v
-            full = []
+            out = self.decode_kernel(q, self.alrkvd_layers[layer], self.window_k[layer], self.window_v[layer],
+                                     meta["tables"], meta["seq_lens"], meta["window_slots"], self.rotary.cos,
+                                     self.rotary.sin, scale)
             for i in meta["closing"]:
                 seq = batch.seqs[i]
                 start = seq.num_tokens + 1 - self.block_size
-                full.append((seq.block_table[start // self.block_size], start, self.window_k[layer, seq.window_slot],
-                             self.window_v[layer, seq.window_slot]))
-            self.compress(layer, full)
-            return self.decode_kernel(q, self.alrkvd_layers[layer], self.window_k[layer], self.window_v[layer],
-                                      meta["tables"], meta["seq_lens"], meta["window_slots"], self.rotary.cos,
-                                      self.rotary.sin, scale)
+                self._filled.append((layer, seq.block_table[start // self.block_size], start,
+                                     self.window_k[layer, seq.window_slot], self.window_v[layer, seq.window_slot]))
+            return out
         self.format.write(layer, meta["block_ids"], meta["offsets"], k_rot, v)
         if self.decode_kernel is not None:
             return self.decode_kernel(q, self.format.k_cache[layer], self.format.v_cache[layer], meta["tables"],

@@ -22,6 +22,7 @@ Options arrive as strings (``--kv-opt KEY=VALUE``) and are parsed with the defau
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable
 
@@ -233,6 +234,35 @@ def rotation_matrix(d: int, seed: int = 1234) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------------
 # formats
 # ----------------------------------------------------------------------------------------------------
+
+def orthonormalize(Y: torch.Tensor) -> torch.Tensor:
+    """Orthonormal columns spanning those of Y [..., d, k] (float64): Cholesky QR, Y L^-T with L L^T = Y^T Y.
+    Batched Cholesky and triangular solves are one call each on the GPU, where batched Householder QR loops
+    over the matrices. A tiny diagonal shift keeps rank-deficient Y (e.g. an all-zero block) finite."""
+    C = Y.transpose(-1, -2) @ Y
+    shift = C.diagonal(dim1=-2, dim2=-1).sum(-1) * 1e-13 + 1e-300
+    C = C + shift[..., None, None] * torch.eye(C.shape[-1], dtype=C.dtype, device=C.device)
+    L = torch.linalg.cholesky_ex(C).L
+    return torch.linalg.solve_triangular(L, Y.transpose(-1, -2), upper=False).transpose(-1, -2)
+
+
+@functools.lru_cache(maxsize=None)
+def _subspace_start(d: int, k: int, seed: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The fixed random start of subspace_eigh, made once per device (a host-to-device copy synchronises)."""
+    return torch.randn(d, k, generator=torch.Generator().manual_seed(seed), dtype=dtype).to(device)
+
+
+def subspace_eigh(G: torch.Tensor, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k leading eigenpairs (ascending, like eigh) of symmetric PSD G [..., d, d] (float64): three steps
+    of subspace iteration from a fixed random start, then a Rayleigh-Ritz step; Cholesky QR twice per
+    step (the second pass restores orthonormality lost to the first one's conditioning). No host sync."""
+    d = G.shape[-1]
+    Q = _subspace_start(d, k, seed, G.dtype, G.device).expand(*G.shape[:-2], d, k)
+    for _ in range(3):
+        Q = orthonormalize(orthonormalize(G @ Q))
+    w, V = torch.linalg.eigh(Q.transpose(-1, -2) @ G @ Q)
+    return w, Q @ V
+
 
 class KVFormat:
     """Base class.  Subclasses set ``name``, ``windowed``, ``rope_on_read``, ``default_block_size`` and
@@ -572,7 +602,7 @@ class ALRKVDFormat(KVFormat):
             self._alloc("exact_k", (n, H, D), torch.float16)
             self._alloc("exact_v", (n, H, D), torch.float16)
         self._rot = rotation_matrix(D, o["seed"]).to(self.device) if o["rotate"] else None
-        self._head_tilt = torch.ones(self.num_layers, 2 * H)
+        self._head_tilt = torch.ones(self.num_layers, 2 * H, device=self.device)
         self._rotary = None
 
     def set_rotary(self, rotary) -> None:
@@ -613,7 +643,7 @@ class ALRKVDFormat(KVFormat):
         H = self.num_kv_heads
         if w.numel() == H:
             w = torch.cat([w, torch.ones(H)])
-        self._head_tilt[layer] = w
+        self._head_tilt[layer] = w.to(self._head_tilt.device)
 
     @property
     def observes_entropy(self) -> bool:
@@ -628,29 +658,48 @@ class ALRKVDFormat(KVFormat):
 
     def allocate_ranks(self, svals: torch.Tensor, tilt: torch.Tensor | None = None,
                        total: torch.Tensor | None = None) -> torch.Tensor:
-        """Water-filling: svals [2H, m] descending -> ranks [2H] summing to rank_budget, each in
-        [rank_min, rank_max], maximizing the captured (weighted, normalized) energy. ``total`` [2H]: each
-        stream's whole energy (sum of all squared singular values) when svals holds only the leading ones."""
+        """Water-filling: svals [..., 2H, m] descending -> ranks [..., 2H] (long, on svals' device) summing to
+        rank_budget, each in [rank_min, rank_max], maximizing the captured (weighted, normalized) energy.
+        ``total`` [..., 2H]: each stream's whole energy (sum of all squared singular values) when svals holds
+        only the leading ones. Leading dims are independent blocks."""
         o = self.options
         S2 = svals.float().pow(2)
         total = S2.sum(-1) if total is None else total.float()
-        e = S2 / total[:, None].clamp_min(1e-20)
+        e = S2 / total[..., None].clamp_min(1e-20)
         H = self.num_kv_heads
-        w = torch.ones(2 * H)
+        w = torch.ones(2 * H, device=e.device)   # made on the device: no host-to-device copy (a sync)
         w[:H] = o["key_weight"]
-        if tilt is not None:
-            w = w * tilt
-        e = e * w[:, None].to(e.device)
+        if tilt is not None:                      # [2H], or per block [..., 2H]
+            w = w * tilt.to(e.device)
+        e = e * w[..., None]
         lo, hi = o["rank_min"], min(o["rank_max"], svals.shape[-1])
-        ranks = torch.full((2 * H,), lo, dtype=torch.long)
+        ranks = torch.full(e.shape[:-1], lo, dtype=torch.long, device=e.device)
         extra = o["rank_budget"] - 2 * H * lo
         if extra > 0:
-            cand = e[:, lo:hi]                                        # [2H, hi-lo]
+            cand = e[..., lo:hi]                                      # [..., 2H, hi-lo]
             # strictly decreasing tie-break so that top-k picks prefixes of each stream
-            cand = cand - torch.arange(hi - lo, device=e.device, dtype=e.dtype)[None] * 1e-12
-            top = torch.topk(cand.flatten(), extra).indices
-            ranks += torch.bincount((top // (hi - lo)).cpu(), minlength=2 * H)
+            cand = cand - torch.arange(hi - lo, device=e.device, dtype=e.dtype) * 1e-12
+            top = torch.topk(cand.flatten(-2), extra).indices         # [..., extra]
+            ranks.scatter_add_(-1, top // (hi - lo), torch.ones_like(top))
         return ranks
+
+    def quantized_basis(self, layer, svals: torch.Tensor, vh: torch.Tensor, total: torch.Tensor):
+        """Blocks' bases from their `_svd` (svals [..., 2H, m], vh [..., 2H, m, D], total [..., 2H]): ranks
+        [..., 2H] by water-filling, the leading rows of each stream [..., R, D] as symmetric ``basis_bits``
+        codes (float) and their fp16 scales [..., R]. Leading dims are independent blocks (no host sync);
+        ``layer``: theirs, an int or a tensor of the leading shape."""
+        ranks = self.allocate_ranks(svals, self._head_tilt[layer], total)
+        # budget row r belongs to the stream whose [start, end) holds it, as that stream's row r - start
+        ends = ranks.cumsum(-1)
+        r = torch.arange(self.options["rank_budget"], device=ranks.device).expand(*ranks.shape[:-1], -1).contiguous()
+        owner = torch.searchsorted(ends, r, right=True)
+        local = r - (ends - ranks).gather(-1, owner)
+        index = (owner * vh.shape[-2] + local)[..., None].expand(*r.shape, vh.shape[-1])
+        rows = vh.flatten(-3, -2).gather(-2, index)
+        qmax = (1 << (self.options["basis_bits"] - 1)) - 1
+        bscale = (rows.abs().amax(-1) / qmax).to(torch.float16)
+        bq = torch.round(rows / bscale.float().clamp_min(1e-8)[..., None]).clamp_(-qmax, qmax)
+        return ranks, bq, bscale
 
     # -- encode / decode ----------------------------------------------------------------------------------
     def _quant_resid(self, e: torch.Tensor, bits: int):
@@ -686,8 +735,8 @@ class ALRKVDFormat(KVFormat):
     def _svd(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Leading singular values [N, m] (descending), the right singular vectors as rows [N, m, D] and each
         matrix's energy [N] (sum of all squared singular values) of X [N, T, D], from the D x D Gram matrix.
-        ``basis_solver=eigh``: all m = D, float64 on the CPU. ``subspace``: m = min(rank_max + 8, D) by three
-        steps of subspace iteration from a fixed start and a Rayleigh-Ritz step, float64 on X's device
+        ``basis_solver=eigh``: all m = D, float64 on the CPU. ``subspace``: m = min(rank_max + 8, D) by
+        `subspace_eigh`, float64 on X's device
         (5-7x faster than eigh on the H200 at 24 of 128 directions, benchmarks/bench_basis.py)."""
         G = (X.transpose(1, 2) @ X).double()
         exact = self.options["basis_solver"] == "eigh"
@@ -695,30 +744,11 @@ class ALRKVDFormat(KVFormat):
             w, U = torch.linalg.eigh(G.cpu())
             w, U = w.to(X.device), U.to(X.device)
         else:
-            d = G.shape[-1]
-            k = min(self.options["rank_max"] + 8, d)
-            start = torch.randn(d, k, generator=torch.Generator().manual_seed(self.options["seed"]), dtype=G.dtype)
-            Q = start.to(X.device).expand(G.shape[0], d, k)
-            for _ in range(3):
-                Q = torch.linalg.qr(G @ Q).Q
-            w, V = torch.linalg.eigh(Q.transpose(1, 2) @ G @ Q)
-            U = Q @ V
+            w, U = subspace_eigh(G, min(self.options["rank_max"] + 8, G.shape[-1]), self.options["seed"])
         w, U = w.flip(-1).clamp_min(0), U.flip(-1)
         S = w.sqrt().float()
         total = S.pow(2).sum(-1) if exact else G.diagonal(dim1=-2, dim2=-1).sum(-1).float()
         return S, U.transpose(1, 2).float(), total
-
-    def quantized_basis(self, layer: int, svals: torch.Tensor, vh: torch.Tensor, total: torch.Tensor):
-        """One block's basis from its `_svd` (svals [2H, m], vh [2H, m, D], total [2H]): ranks [2H] by
-        water-filling, the leading rows of each stream [R, D] as symmetric ``basis_bits`` codes (float) and
-        their fp16 scales [R]."""
-        H = self.num_kv_heads
-        ranks = self.allocate_ranks(svals, self._head_tilt[layer], total)
-        rows = torch.cat([vh[s, : int(ranks[s])] for s in range(2 * H)], 0)
-        qmax = (1 << (self.options["basis_bits"] - 1)) - 1
-        bscale = (rows.abs().amax(-1) / qmax).to(torch.float16)
-        bq = torch.round(rows / bscale.float().clamp_min(1e-8)[:, None]).clamp_(-qmax, qmax)
-        return ranks, bq, bscale
 
     def encode(self, layer, block_id, k, v, start_pos: int | None = None):
         """Compress one full block: k [T, H, D] before RoPE, v [T, H, D].  ``start_pos`` (the position of
@@ -734,7 +764,7 @@ class ALRKVDFormat(KVFormat):
         if R > 0:
             ranks, bq, bscale = self.quantized_basis(layer, *self._svd(X))
             B = bq * bscale.float()[:, None]                                          # dequantized [R, D]
-            owner = torch.repeat_interleave(torch.arange(2 * H), ranks).to(X.device)  # stream of each row
+            owner = torch.repeat_interleave(torch.arange(2 * H, device=X.device), ranks)  # stream of each row
             lat = torch.einsum("rtd,rd->tr", X[owner], B)                             # [T, R]
             lq, ls, lz = quant_asym(lat, o["latent_bits"], dim=0)
             latd = dequant_asym(lq, ls, lz)                                           # [T, R]

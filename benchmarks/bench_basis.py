@@ -5,9 +5,11 @@ For N Gram matrices of D x D (N = blocks x 2 kv heads; Qwen3-30B-A3B: 8 streams 
 row the median of 5 timed calls after a warm-up:
   cpu-eigh-f64   what ALRKVDFormat._svd does today (the Gram copied to the CPU, float64 LAPACK)
   cuda-eigh-f32 / cuda-eigh-f64   torch.linalg.eigh on the GPU
-  cuda-subspace-kK   top-K directions by subspace iteration (3 steps, QR) and a K x K Rayleigh-Ritz eigh,
-                     all on the GPU in float32 (ALRKVDFormat basis_solver=subspace runs it in float64);
-                     K = rank_max + 8
+  DEV-subspace-kK    what basis_solver=subspace does: top-K directions, float64 on the device (cuda, or cpu without a GPU)
+                     (backend.kv_formats.subspace_eigh: 3 steps of subspace iteration orthonormalized by
+                     Cholesky QR, then a K x K Rayleigh-Ritz eigh); K = rank_max + 8
+  DEV-subspace-householder-kK   the same iteration with torch.linalg.qr (Householder) instead of
+                     Cholesky QR: the solver before 2026-11-30, float64
 
     python benchmarks/bench_basis.py --out basis.json      # H200
 """
@@ -17,15 +19,20 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from backend.kv_formats import subspace_eigh  # noqa: E402
 
-def subspace(G: torch.Tensor, k: int, iters: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+
+def subspace_householder(G: torch.Tensor, k: int, seed: int = 1234) -> tuple[torch.Tensor, torch.Tensor]:
+    """subspace_eigh with torch.linalg.qr for the orthonormalization (the baseline row)."""
     n, d, _ = G.shape
-    q = torch.randn(d, k, generator=torch.Generator().manual_seed(0), dtype=G.dtype).to(G.device).expand(n, d, k)
-    for _ in range(iters):
-        q, _ = torch.linalg.qr(G @ q)
+    q = torch.randn(d, k, generator=torch.Generator().manual_seed(seed), dtype=G.dtype).to(G.device).expand(n, d, k)
+    for _ in range(3):
+        q = torch.linalg.qr(G @ q).Q
     w, u = torch.linalg.eigh(q.transpose(1, 2) @ G @ q)
     return w, q @ u
 
@@ -60,8 +67,10 @@ def main(argv=None) -> int:
         if dev == "cuda":
             methods["cuda-eigh-f32"] = lambda: torch.linalg.eigh(g)
             methods["cuda-eigh-f64"] = lambda: torch.linalg.eigh(g.double())
-            for k in a.ks:
-                methods[f"cuda-subspace-k{k}"] = lambda k=k: subspace(g, k)
+        g64 = g.double()
+        for k in a.ks:
+            methods[f"{dev}-subspace-k{k}"] = lambda k=k: subspace_eigh(g64, k, 1234)
+            methods[f"{dev}-subspace-householder-k{k}"] = lambda k=k: subspace_householder(g64, k)
         for name, fn in methods.items():
             sec = timed(fn, dev)
             row = {"matrices": n, "dim": a.dim, "method": name, "ms_per_call": sec * 1e3,

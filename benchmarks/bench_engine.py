@@ -15,6 +15,7 @@ and the KV cache) divided by the device-to-device copy bandwidth measured in the
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -130,11 +131,13 @@ def alrkvd_kernel_tokens(steps: int = 60) -> list[dict]:
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 4096, (n,), generator=g).tolist() for n in (300, 250, 90)]
     tokens = {}
-    for backend in ("auto", "torch"):
+    for backend, side_stream in (("auto", True), ("auto-inline", False), ("torch", True)):
         engine = LLMEngine(EngineArgs(model=folder, load_format="dummy", tokenizer="none", device="cuda",
                                       dtype="float32", kv_format="alrkvd", kv_options=kernel_options(64),
-                                      attention_backend=backend, max_num_seqs=4))
-        assert (engine.cache.decode_kernel is not None) == (backend == "auto")
+                                      attention_backend=backend.split("-")[0], max_num_seqs=4,
+                                      kv_compress_stream=side_stream))
+        assert (engine.cache.decode_kernel is not None) == (backend != "torch")
+        assert (engine.cache.compress_stream is not None) == (backend == "auto")
         params = SamplingParams(max_tokens=steps, temperature=0, ignore_eos=True)
         rids = [engine.add_request(None, SamplingParams(**vars(params)), prompt_ids=p) for p in prompts]
         done = {}
@@ -142,9 +145,10 @@ def alrkvd_kernel_tokens(steps: int = 60) -> list[dict]:
             done |= {o.request_id: o.token_ids for o in engine.step() if o.finished}
         tokens[backend] = [done[r] for r in rids]
     rows = []
-    for n, a, b in zip((300, 250, 90), tokens["auto"], tokens["torch"]):
+    for n, a, inline, b in zip((300, 250, 90), tokens["auto"], tokens["auto-inline"], tokens["torch"]):
         rows.append({"prompt_tokens": n, "steps": steps, "equal": a == b,
-                     "first_difference": next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)})
+                     "first_difference": next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None),
+                     "side_stream_equals_inline": a == inline})
     return rows
 
 
@@ -202,7 +206,9 @@ def dummy_engine(name: str, kv_format: str, **args) -> LLMEngine:
 def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv_formats=("fp16",)) -> list[dict]:
     """`expert_fractions` below 1: the routed experts stream from pinned host memory through a
     device cache of that fraction of their bytes (backend/experts.py), the whole model in the engine.
-    `kv_formats`: the paged cache's format (fp16: the Triton paged kernel; others: their decode path)."""
+    `kv_formats`: the paged cache's format (fp16: the Triton paged kernel; others: their decode path);
+    `alrkvd` gives two rows from one engine: `alrkvd-inline` (the blocks decode steps fill compressed on the
+    main stream after the attention, as with kv_compress_stream=False) and `alrkvd` (on the side stream)."""
     rows = []
     bw = copy_bandwidth()
     for name, fraction, kv_format in [(n, f, k) for n in shapes for f in expert_fractions for k in kv_formats]:
@@ -214,20 +220,30 @@ def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv
         engine = dummy_engine(name, kv_format, kv_budget_bytes=budget, max_num_seqs=64,
                               expert_budget_bytes=expert_budget)
         counter = ExpertCounter(engine.model)
+        # a prompt that fills a block: compiles what compressing one needs before anything is timed
+        engine.add_request(None, SamplingParams(max_tokens=2, ignore_eos=True), prompt_ids=[1] * (engine.cache.block_size + 8))
+        while engine.has_unfinished():
+            engine.step()
+        side_stream = engine.cache.compress_stream
+        # alrkvd twice in the same engine: the blocks decode steps fill compressed inline, then on the side stream
+        variants = [("alrkvd-inline", None), ("alrkvd", side_stream)] if side_stream is not None else [(kv_format, None)]
         for batch in batches:
             for context in contexts:
-                row = {"model": name, "batch": batch, "context": context, "weights_gb": weights / 1e9,
-                       "expert_fraction": fraction, "kv_format": kv_format}
-                try:
-                    row.update(run_decode(engine, counter, batch, context, steps, bw))
-                except (torch.OutOfMemoryError, MemoryError, ValueError) as e:
-                    row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
-                    for rid in list(engine.requests):
-                        engine.abort(rid)
-                    torch.cuda.empty_cache()
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+                for label, stream in variants:
+                    engine.cache.compress_stream = stream
+                    row = {"model": name, "batch": batch, "context": context, "weights_gb": weights / 1e9,
+                           "expert_fraction": fraction, "kv_format": label}
+                    try:
+                        row.update(run_decode(engine, counter, batch, context, steps, bw))
+                    except (torch.OutOfMemoryError, MemoryError, ValueError) as e:
+                        row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
+                        for rid in list(engine.requests):
+                            engine.abort(rid)
+                        torch.cuda.empty_cache()
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
         del engine, counter
+        gc.collect()  # the engine's reference cycles: free its memory before the next one sizes its budget
         torch.cuda.empty_cache()
     for r in rows:
         r["copy_bw_gb_s"] = bw / 1e9
@@ -235,15 +251,18 @@ def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv
 
 
 def run_decode(engine: LLMEngine, counter: ExpertCounter, batch: int, context: int, steps: int, bw: float) -> dict:
-    """Decode steps of `batch` sequences that each hold `context` cached tokens (synthetic KV)."""
+    """Decode steps of `batch` sequences that hold about `context` cached tokens (synthetic KV): the timed
+    step `steps // 2` writes position context - 1, so with a context that is a multiple of the block size
+    every sequence fills a block in that step (`fill_step_ms`; `step_ms` is the median of all steps)."""
     cache = engine.cache
     params = SamplingParams(max_tokens=steps + 4, temperature=0, ignore_eos=True)
     rids = []
+    start = context - 4 - steps // 2  # cached before the 3 warm-up steps
     for i in range(batch):
-        rid = engine.add_request(None, SamplingParams(**vars(params)), prompt_ids=[1] * context)
+        rid = engine.add_request(None, SamplingParams(**vars(params)), prompt_ids=[1] * (start + 1))
         seq = engine.requests[rid]
-        cache.allocate(seq.kv, context - 1)   # the prompt's KV "already computed": skip the prefill
-        seq.kv.num_tokens = context - 1
+        cache.allocate(seq.kv, start)   # the prompt's KV "already computed": skip the prefill
+        seq.kv.num_tokens = start
         rids.append(rid)
     engine.waiting, engine.running = [], [engine.requests[r] for r in rids]
     sync = torch.cuda.synchronize if engine.args.device.startswith("cuda") else (lambda: None)
@@ -271,7 +290,8 @@ def run_decode(engine: LLMEngine, counter: ExpertCounter, batch: int, context: i
         engine.abort(r)
     step_s = sorted(times)[len(times) // 2]
     nbytes = step_bytes(engine, unique, batch, context)
-    return {"step_ms": step_s * 1e3, "tok_s": batch / step_s, "bytes_per_step_gb": nbytes / 1e9,
+    return {"step_ms": step_s * 1e3, "fill_step_ms": times[steps // 2] * 1e3, "tok_s": batch / step_s,
+            "bytes_per_step_gb": nbytes / 1e9,
             "roofline_ms": nbytes / bw * 1e3, "gap": step_s / (nbytes / bw),
             "unique_experts_per_step": unique, **streaming}
 
@@ -286,10 +306,10 @@ def bench_gpu_prefill(name: str, contexts, kv_formats) -> list[dict]:
         spent = {"compress_s": 0.0, "compress_calls": 0, "compressed_blocks": 0}
         compress = engine.cache.compress
 
-        def timed_compress(layer, blocks):  # the share of block compression in the prefill (synchronised)
+        def timed_compress(blocks):  # the share of block compression in the prefill (synchronised)
             torch.cuda.synchronize()
             t = time.perf_counter()
-            compress(layer, blocks)
+            compress(blocks)
             torch.cuda.synchronize()
             spent["compress_s"] += time.perf_counter() - t
             spent["compress_calls"] += 1
@@ -350,13 +370,14 @@ def main():
         result["gpu"] = bench_gpu(args.models.split(","), [int(b) for b in args.batches.split(",")],
                                   [int(c) for c in args.contexts.split(",")], args.steps,
                                   [float(f) for f in args.expert_fractions.split(",")], args.kv_formats.split(","))
-        print(f"{'model':15} {'kv':>7} {'experts':>7} {'B':>3} {'ctx':>6} {'step ms':>9} {'roofline ms':>11} {'gap':>6}")
+        print(f"{'model':15} {'kv':>13} {'experts':>7} {'B':>3} {'ctx':>6} {'step ms':>9} {'fill ms':>8} "
+              f"{'roofline ms':>11} {'gap':>6}")
         for r in result["gpu"]:
-            head = f"{r['model']:15} {r['kv_format']:>7} {r['expert_fraction']:7.0%} {r['batch']:>3} {r['context']:>6}"
+            head = f"{r['model']:15} {r['kv_format']:>13} {r['expert_fraction']:7.0%} {r['batch']:>3} {r['context']:>6}"
             if "error" in r:
                 print(f"{head}  {r['error']}")
             else:
-                print(f"{head} {r['step_ms']:9.2f} {r['roofline_ms']:11.2f} {r['gap']:6.2f} "
+                print(f"{head} {r['step_ms']:9.2f} {r['fill_step_ms']:8.2f} {r['roofline_ms']:11.2f} {r['gap']:6.2f} "
                       + (f"hit {r['hit_rate']:.2f} stall/token {r['stall_s_per_token'] * 1e3:.1f} ms "
                          f"{r['bytes_per_token'] / 1e6:.0f} MB/token at {r['copy_gbps']:.1f} GB/s" if "hit_rate" in r else ""))
     if args.out:

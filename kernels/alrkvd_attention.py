@@ -15,7 +15,9 @@ V0..V{H-1}, stream s owning rows [sum(ranks[:s]), sum(ranks[:s+1]))):
     rotated key(t)    = RoPE_t((latent_t * scale + zero) @ (basis * basis_scale)) + codes_t * rscale_t + rzero_t
 The low-rank part of a key is stored before RoPE (where keys are low-rank) and rotated in the kernel;
 the residual is stored after RoPE, so it is added as it is. The window `[num_slots, block_size, H, D]`
-(model dtype, keys before RoPE) holds the last seq_len % block_size tokens of each sequence.
+(model dtype, keys before RoPE) holds the last 1..block_size tokens of each sequence: a block that
+fills in this step is still read from the window, so the cache can compress it after the attention, on
+a side stream (backend/kv_cache.py), instead of before it.
 
 Stage 1 (one program per sequence, kv head and split of the closed tiles; the extra split index
 num_splits takes the window), per tile of BLOCK_N tokens of a closed block:
@@ -196,7 +198,7 @@ def _alrkvd_decode_stage1(
     pid_s = tl.program_id(2)
 
     seq_len = tl.load(Seq_lens + pid_b)
-    n_closed = seq_len // BLOCK_SIZE
+    n_closed = tl.maximum(seq_len - 1, 0) // BLOCK_SIZE  # the window holds the last 1..BLOCK_SIZE tokens
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_h = tl.arange(0, HALF)
@@ -382,7 +384,8 @@ def alrkvd_decode_attention(
 
     cache: `AlrkvdLayer.from_format(fmt, layer)`. window_k/window_v: this layer's window
     `[num_slots, block_size, Hkv, D]` (keys not rotated). block_tables `[B, max_blocks]` int32: the
-    first seq_len // block_size entries are the closed blocks. seq_lens `[B]` int32: cached tokens,
+    first (seq_len - 1) // block_size entries are the closed blocks; the window holds the other
+    1..block_size tokens. seq_lens `[B]` int32: cached tokens,
     the new one included. window_slots `[B]` int32: each sequence's window slot. cos/sin: RoPE tables
     `[max_pos, D]` fp32 (backend.model.Rotary.cos/.sin), max_pos >= every seq_len. num_splits: programs per (sequence, kv head) over the
     closed blocks (one more takes the window); default from the shapes. No host sync.
@@ -475,7 +478,7 @@ def alrkvd_decode_attention_ref(
     out = torch.empty_like(q)
     T = cache.block_size
     for b, seq_len in enumerate(seq_lens.tolist()):
-        n_closed = seq_len // T
+        n_closed = max(seq_len - 1, 0) // T
         k, v = alrkvd_decode_blocks_ref(cache, block_tables[b, :n_closed], cos, sin)
         slot = int(window_slots[b])
         k = torch.cat([k, rope_ref(window_k[slot, : seq_len - n_closed * T], cos[n_closed * T:seq_len],

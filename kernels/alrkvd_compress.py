@@ -19,6 +19,8 @@ Public: `alrkvd_compress(fmt, layer, block_ids, k, v, start_pos=None)`; referenc
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -189,18 +191,19 @@ def _alrkvd_compress_kernel(
                            V_BITS, GROUP, UNIFORM, NSEARCH, T, D)
 
 
-def _basis_step(fmt, layer: int, ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Batched SVD, rank allocation and 8-bit basis of `encode`, written to ranks/basis/basis_scale."""
+def _basis_step(fmt, layers: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Batched SVD, rank allocation and 8-bit basis of `encode` for blocks of any layers (`layers` [n]),
+    written to ranks/basis/basis_scale at `rows` [n] of their (layer, block)-flattened views."""
     x = torch.cat([k.float(), v.float()], dim=2).permute(0, 2, 1, 3)  # [n, 2H, T, D]
     # the format's own decomposition (batched over blocks here) and basis, as encode uses them
     svals, vh, total = (t.unflatten(0, x.shape[:2]) for t in fmt._svd(x.flatten(0, 1)))
-    for i in range(x.shape[0]):
-        ranks, bq, bscale = fmt.quantized_basis(layer, svals[i], vh[i], total[i])
-        fmt.ranks[layer, ids[i]] = ranks.to(torch.int16)
-        fmt.basis[layer, ids[i]] = bq.to(torch.int8)
-        fmt.basis_scale[layer, ids[i]] = bscale
+    ranks, bq, bscale = fmt.quantized_basis(layers, svals, vh, total)
+    fmt.ranks.flatten(0, 1)[rows] = ranks.to(torch.int16)
+    fmt.basis.flatten(0, 1)[rows] = bq.to(torch.int8)
+    fmt.basis_scale.flatten(0, 1)[rows] = bscale
 
 
+@functools.lru_cache(maxsize=None)
 def _rotate_half_matrix(d: int, device) -> torch.Tensor:
     """P [d, d] fp32 with x @ P = rotate_half(x) = cat(-x[d/2:], x[:d/2]) (HF RoPE), exact in a dot."""
     p = torch.zeros(d, d, dtype=torch.float32)
@@ -210,11 +213,26 @@ def _rotate_half_matrix(d: int, device) -> torch.Tensor:
     return p.to(device)
 
 
-def alrkvd_compress(fmt, layer: int, block_ids, k: torch.Tensor, v: torch.Tensor, start_pos=None) -> None:
-    """Compress full blocks `k, v [n, T, H, D]` (keys before RoPE) into `block_ids` of layer `layer` of
-    an `ALRKVDFormat` (latent_bits = basis_bits = 8, rank_budget > 0): what `fmt.encode` does per block.
-    `start_pos` [n]: each block's first position (key_frame=post_rope only)."""
+@functools.lru_cache(maxsize=None)
+def _device_constants(bits: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Lloyd-Max levels of `bits`, the edges between them and the scale search factors, on `device` once
+    (a host-to-device copy from pageable memory synchronises, which would stall a side-stream compression)."""
     from backend.kv_formats import gauss_codebook
+    lv = gauss_codebook(bits).to(device)
+    return lv, ((lv[1:] + lv[:-1]) / 2).contiguous(), torch.tensor(GAUSS_SEARCH, dtype=torch.float32, device=device)
+
+
+def _indices(values, device) -> torch.Tensor:
+    """int64 [n] on `device` from a Python list, through pinned memory on CUDA: no synchronisation."""
+    t = torch.as_tensor(values, dtype=torch.int64).reshape(-1)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+
+
+def alrkvd_compress(fmt, layer, block_ids, k: torch.Tensor, v: torch.Tensor, start_pos=None) -> None:
+    """Compress full blocks `k, v [n, T, H, D]` (keys before RoPE) into `block_ids` of an `ALRKVDFormat`
+    (latent_bits = basis_bits = 8, rank_budget > 0): what `fmt.encode` does per block. `layer`: the layer
+    of every block, or a list of each block's layer (one call for every layer of a decode step).
+    `start_pos` [n]: each block's first position (key_frame=post_rope only)."""
     o = fmt.options
     if o["latent_bits"] != 8 or o["basis_bits"] != 8 or o["rank_budget"] <= 0 or o.get("scale_bits", 16) != 16:
         raise NotImplementedError("the ALR-KVD compression kernel writes latent_bits=8, basis_bits=8, "
@@ -227,12 +245,13 @@ def alrkvd_compress(fmt, layer: int, block_ids, k: torch.Tensor, v: torch.Tensor
                                   "with group < head_dim")
     assert k.shape == v.shape and k.shape[1:] == (T, H, D) and k.stride() == v.stride() and k.stride(-1) == 1
     assert T & (T - 1) == 0 and D & (D - 1) == 0, "block_size and head_dim must be powers of two"
-    ids = torch.as_tensor(block_ids, dtype=torch.int64, device=k.device).reshape(-1)
-    n = ids.numel()
+    n = len(block_ids)
     assert n == k.shape[0]
     if n == 0:
         return
-    _basis_step(fmt, layer, ids, k, v)
+    layers = _indices(layer if isinstance(layer, (list, tuple)) else [layer] * n, k.device)
+    rows = layers * fmt.ranks.shape[1] + _indices(block_ids, k.device)  # in the (layer, block)-flattened storage
+    _basis_step(fmt, layers, rows, k, v)
 
     uniform = o["codebook"] == "uniform"
     dev = k.device
@@ -240,35 +259,32 @@ def alrkvd_compress(fmt, layer: int, block_ids, k: torch.Tensor, v: torch.Tensor
     if post:
         if start_pos is None or fmt._rotary is None:
             raise ValueError("alrkvd key_frame=post_rope: compress needs start_pos and fmt.set_rotary(rotary)")
-        start = torch.as_tensor(start_pos, dtype=torch.int64, device=dev).reshape(-1)
+        start = _indices(start_pos, dev)
         cos, sin = fmt._rotary.cos, fmt._rotary.sin
         rot_half = _rotate_half_matrix(D, dev)
     else:
-        start = cos = sin = rot_half = ids  # never read
+        start = cos = sin = rot_half = rows  # never read
 
-    def codebook(bits):
-        if uniform:
-            return fmt.k_rscale, fmt.k_rscale  # never read
-        lv = gauss_codebook(bits).to(dev)
-        return lv, ((lv[1:] + lv[:-1]) / 2).contiguous()
-
-    k_lv, k_edges = codebook(o["k_bits"])
-    v_lv, v_edges = codebook(o["v_bits"])
+    k_lv, k_edges, search = _device_constants(o["k_bits"], dev)  # read with the gauss codebook only
+    v_lv, v_edges, _ = _device_constants(o["v_bits"], dev)
     rot = getattr(fmt, "_rot", None)
-    search = torch.tensor(GAUSS_SEARCH, dtype=torch.float32, device=dev)
-    lat, kres, vres, ksc = fmt.latent[layer], fmt.k_resid[layer], fmt.v_resid[layer], fmt.k_rscale[layer]
-    assert fmt.v_rscale[layer].stride() == ksc.stride()
+    # every storage tensor as [num_layers * num_blocks, ...] (contiguous, so these are views): row = layer * NB + block
+    ranks, basis, basis_scale, lat, lat_scale, lat_zero, kres, ksc, vres, vsc = (
+        t.flatten(0, 1) for t in (fmt.ranks, fmt.basis, fmt.basis_scale, fmt.latent, fmt.latent_scale,
+                                  fmt.latent_zero, fmt.k_resid, fmt.k_rscale, fmt.v_resid, fmt.v_rscale))
+    kz, vz = (fmt.k_rzero.flatten(0, 1), fmt.v_rzero.flatten(0, 1)) if uniform else (ksc, ksc)
+    assert vsc.stride() == ksc.stride()
     cfg = get_config("alrkvd_compress", f"head_dim={D},block_size={T}", dev, _DEFAULT)
     _alrkvd_compress_kernel[(n, 2 * H)](
-        k, v, ids, fmt.ranks[layer], fmt.basis[layer], fmt.basis_scale[layer], rot if rot is not None else search,
+        k, v, rows, ranks, basis, basis_scale, rot if rot is not None else search,
         start, cos, sin, rot_half,
         k_lv, k_edges, v_lv, v_edges, search,
-        lat, fmt.latent_scale[layer], fmt.latent_zero[layer],
-        kres, ksc, fmt.k_rzero[layer] if uniform else ksc,
-        vres, fmt.v_rscale[layer], fmt.v_rzero[layer] if uniform else ksc,
+        lat, lat_scale, lat_zero,
+        kres, ksc, kz,
+        vres, vsc, vz,
         k.stride(0), k.stride(1), k.stride(2),
-        fmt.ranks[layer].stride(0), fmt.basis[layer].stride(0), fmt.basis[layer].stride(1),
-        fmt.basis_scale[layer].stride(0), lat.stride(0), lat.stride(1),
+        ranks.stride(0), basis.stride(0), basis.stride(1),
+        basis_scale.stride(0), lat.stride(0), lat.stride(1),
         kres.stride(0), kres.stride(1), kres.stride(2),
         vres.stride(0), vres.stride(1), vres.stride(2),
         ksc.stride(0), ksc.stride(1), ksc.stride(2),

@@ -71,7 +71,8 @@ def build_alrkvd_case(k_blocks, v_blocks, window_k, window_v, generator: torch.G
 
     Options: the layout the kernel reads (`KERNEL_OPTIONS`, group = head_dim) unless given.
     k_blocks/v_blocks: per sequence a list of closed blocks `[T, H, D]` (keys before RoPE);
-    window_k/window_v: per sequence its window rows `[n < T, H, D]`. Blocks are placed at random
+    window_k/window_v: per sequence its window rows `[n < T, H, D]` (for n = 0 the window slot holds a
+    copy of the last block, which the kernel reads from there, as the cache leaves it). Blocks are placed at random
     block ids, windows at shuffled slots. Returns a dict with `fmt` and the kwargs of
     `alrkvd_decode_attention` except `q` and `scale`."""
     from backend.kv_formats import make_format
@@ -103,6 +104,8 @@ def build_alrkvd_case(k_blocks, v_blocks, window_k, window_v, generator: torch.G
     wk_all = torch.zeros(num_slots, T, H, D, dtype=dtype)
     wv_all = torch.zeros_like(wk_all)
     for b, (wk, wv) in enumerate(zip(window_k, window_v)):
+        if wk.shape[0] == 0 and k_blocks[b]:  # the window holds the last 1..T tokens: a full last block too
+            wk, wv = k_blocks[b][-1], v_blocks[b][-1]
         wk_all[slots[b], : wk.shape[0]] = wk
         wv_all[slots[b], : wv.shape[0]] = wv
     return {

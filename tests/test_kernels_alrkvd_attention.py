@@ -91,9 +91,24 @@ def test_kernel_refuses_other_options(options):
 @pytest.mark.parametrize("group", [1, 3, 4])
 @pytest.mark.parametrize("rank_per_head", [2.0, 8.0])
 def test_gqa_and_ranks(group, rank_per_head):
-    # odd lengths: window only, blocks + partial window, blocks exactly (empty window)
+    # odd lengths: window only, blocks + partial window, blocks exactly (the last one read from the window)
     q, case = _random_case([5, 2 * 32 + 17, 3 * 32], num_kv_heads=2, gqa=group, head_dim=64, block_size=32,
                            seed=group * 10 + int(rank_per_head), rank_per_head=rank_per_head)
+    _check(q, case, num_splits=2)
+
+
+def test_block_filled_this_step_is_read_from_the_window():
+    # the cache compresses a block that a decode step fills after the attention (on a side stream), so the
+    # kernel must read it from the window: whatever its compressed storage holds does not change the output
+    q, case = _random_case([5, 2 * 32], num_kv_heads=2, gqa=3, head_dim=64, block_size=32, seed=11)
+    scale = q.shape[-1] ** -0.5
+    run = lambda: alrkvd_decode_attention(q.to(DEVICE), scale=scale, **_to_device(
+        {k: v for k, v in case.items() if k != "fmt"}))
+    before = run()
+    last = int(case["block_tables"][1, 1])
+    for name in ("latent", "k_resid", "v_resid", "k_rscale", "v_rscale"):
+        getattr(case["fmt"], name)[0, last].fill_(7)
+    assert torch.equal(run(), before)
     _check(q, case, num_splits=2)
 
 

@@ -23,17 +23,22 @@ from kernels.alrkvd_compress import alrkvd_compress  # noqa: E402
 SMOLLM2_KV = Path(__file__).resolve().parents[1] / "kernels" / "testdata" / "smollm2_kv.pt"
 
 
-def _compare(k, v, block_ids, num_blocks, **options):
+def _compare(k, v, block_ids, num_blocks, layers=None, tilts=(), **options):
+    """layers: each block's layer (one call for all; default every block in layer 0); tilts: per layer
+    rank weights given to both formats (set_head_tilt)."""
     H, D, T = k.shape[2], k.shape[3], k.shape[1]
     k, v = k.to(DEVICE), v.to(DEVICE)
-    ref = make_format("alrkvd", 1, H, D, k.dtype, DEVICE, num_blocks=num_blocks, block_size=T, **options)
-    out = make_format("alrkvd", 1, H, D, k.dtype, DEVICE, num_blocks=num_blocks, block_size=T, **options)
+    num_layers = max(layers or [0]) + 1
+    ref = make_format("alrkvd", num_layers, H, D, k.dtype, DEVICE, num_blocks=num_blocks, block_size=T, **options)
+    out = make_format("alrkvd", num_layers, H, D, k.dtype, DEVICE, num_blocks=num_blocks, block_size=T, **options)
     start = [(3 * i + 1) * T for i in range(len(block_ids))]  # blocks anywhere in a sequence (post_rope)
     for fmt in (ref, out):
         fmt.set_rotary(rope_tables(D, 4 * T * len(block_ids), device=DEVICE))
+        for layer, tilt in enumerate(tilts):
+            fmt.set_head_tilt(layer, tilt)
     for i, bid in enumerate(block_ids):
-        ref.encode(0, bid, k[i], v[i], start_pos=start[i])
-    alrkvd_compress(out, 0, block_ids, k, v, start_pos=start)
+        ref.encode(layers[i] if layers else 0, bid, k[i], v[i], start_pos=start[i])
+    alrkvd_compress(out, layers or 0, block_ids, k, v, start_pos=start)
     for name, want in ref.named_tensors().items():
         got = out.named_tensors()[name]
         if name in ("ranks", "basis", "basis_scale"):
@@ -43,9 +48,10 @@ def _compare(k, v, block_ids, num_blocks, **options):
         assert differ <= max(2, 0.001 * want.numel()), f"{name}: {differ} of {want.numel()} entries differ"
         if name == "latent":
             assert (got.int() - want.int()).abs().max() <= 1
-    (ka, va), (kb, vb) = ref.decode(0, block_ids), out.decode(0, block_ids)  # same start_pos: same frame
     bound = 0.01 * max(k.abs().max().item(), v.abs().max().item())
-    assert (ka.float() - kb.float()).abs().max() <= bound and (va.float() - vb.float()).abs().max() <= bound
+    for layer in range(num_layers):  # same start_pos: same frame
+        (ka, va), (kb, vb) = ref.decode(layer, block_ids), out.decode(layer, block_ids)
+        assert (ka.float() - kb.float()).abs().max() <= bound and (va.float() - vb.float()).abs().max() <= bound
 
 
 @pytest.mark.parametrize("options", [
@@ -64,6 +70,17 @@ def test_random_blocks(options):
     k = random_kv((3, 32, 2, 64), torch.float16, gen)
     v = random_kv((3, 32, 2, 64), torch.float16, gen, channel_outliers=0)
     _compare(k, v, [4, 1, 2], num_blocks=6, **options)
+
+
+def test_blocks_of_several_layers_in_one_call():
+    # a decode step compresses the blocks every layer filled in one call: same block ids in other layers,
+    # each layer's own rank tilt
+    gen = torch.Generator().manual_seed(21)
+    k = random_kv((4, 32, 2, 64), torch.float16, gen)
+    v = random_kv((4, 32, 2, 64), torch.float16, gen, channel_outliers=0)
+    tilts = [torch.tensor([1.0, 1.0, 1.0, 1.0]), torch.tensor([4.0, 0.25, 1.0, 1.0]), torch.tensor([0.25, 4.0, 2.0, 0.5])]
+    _compare(k, v, [1, 1, 0, 3], num_blocks=4, layers=[2, 0, 2, 1], tilts=tilts,
+             key_frame="post_rope", codebook="uniform", rotate="false", basis_solver="subspace", rank_max=16)
 
 
 def test_refuses_gauss_above_2_bits_in_groups():
