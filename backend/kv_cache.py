@@ -65,7 +65,7 @@ class BlockAllocator:
 class PagedKVCache:
     def __init__(self, cfg: ModelConfig, rotary, kv_format: str = "fp16", kv_options: dict | None = None,
                  budget_bytes: int = 256 << 20, max_num_seqs: int = 16, dtype=torch.float32, device="cpu",
-                 attention_backend: str = "auto", compress_stream: bool = True):
+                 attention_backend: str = "auto", compress_stream: bool = False):
         if kv_format not in FORMATS:
             raise ValueError(f"unknown kv format {kv_format!r}; choose from {sorted(FORMATS)}")
         options = dict(kv_options or {})
@@ -126,12 +126,14 @@ class PagedKVCache:
         for layer, block_id, start, k, v in blocks:
             self.format.encode(layer, block_id, k, v, start_pos=start)
 
+    COMPRESS_CHUNK = 128  # blocks per compression call: bounds its temporaries (~2 MB per block at head_dim 128)
+
     def _compress_kernel(self, blocks: list[tuple[int, int, int, torch.Tensor, torch.Tensor]]):
-        """`_encode_blocks` in one call of the Triton compression kernel (kernels/alrkvd_compress.py): one
-        basis decomposition for all the blocks of a prefill chunk, or of every layer of a decode step."""
+        """`_encode_blocks` with the Triton compression kernel (kernels/alrkvd_compress.py): one basis
+        decomposition for up to COMPRESS_CHUNK blocks of a prefill chunk, or of every layer of a decode step."""
         from kernels.alrkvd_compress import alrkvd_compress
-        if blocks:
-            layers, ids, starts, ks, vs = zip(*blocks)
+        for i in range(0, len(blocks), self.COMPRESS_CHUNK):
+            layers, ids, starts, ks, vs = zip(*blocks[i:i + self.COMPRESS_CHUNK])
             alrkvd_compress(self.format, list(layers), list(ids), torch.stack(ks), torch.stack(vs),
                             start_pos=list(starts))
 

@@ -11,7 +11,13 @@ row the median of 5 timed calls after a warm-up:
   DEV-subspace-householder-kK   the same iteration with torch.linalg.qr (Householder) instead of
                      Cholesky QR: the solver before 2026-11-30, float64
 
+And with `--step` (GPU), what compressing the blocks of one decode step costs: `kernels.alrkvd_compress`
+over the blocks that `seqs` sequences fill in every one of `layers` layers (Qwen3-30B-A3B's 4 kv heads of
+128, blocks of 128, the kernels' options) in one call, as the cache does at commit; the host time of the
+call, the time to its end on the GPU, and how many synchronising CUDA calls torch's sync debug mode sees.
+
     python benchmarks/bench_basis.py --out basis.json      # H200
+    python benchmarks/bench_basis.py --step --out step.json
 """
 from __future__ import annotations
 
@@ -37,6 +43,42 @@ def subspace_householder(G: torch.Tensor, k: int, seed: int = 1234) -> tuple[tor
     return w, q @ u
 
 
+def compress_step(layers: int, seqs: int, heads: int = 4, dim: int = 128, block: int = 128) -> dict:
+    """One decode step's compression: `seqs` blocks in each of `layers` layers, in one call."""
+    import warnings
+
+    from backend.kv_formats import make_format
+    from kernels.alrkvd_attention import kernel_options
+    from kernels.alrkvd_compress import alrkvd_compress
+    from kernels.testing import rope_tables
+    fmt = make_format("alrkvd", layers, heads, dim, torch.bfloat16, "cuda", seqs, block, **kernel_options(dim))
+    fmt.set_rotary(rope_tables(dim, 40960, 1e6, device="cuda"))
+    n = layers * seqs
+    k = torch.randn(n, block, heads, dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    args = ([i // seqs for i in range(n)], [i % seqs for i in range(n)], k, v)
+    call = lambda: alrkvd_compress(fmt, *args, start_pos=[32768 - block] * n)  # noqa: E731
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    torch.cuda.set_sync_debug_mode(0)
+    syncs = sum("synchronizing" in str(w.message) for w in caught)
+    samples = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        samples.append((t1 - t0, time.perf_counter() - t0))
+    host, total = sorted(samples)[2]
+    return {"layers": layers, "seqs": seqs, "blocks": n, "host_ms": host * 1e3, "total_ms": total * 1e3,
+            "syncs": syncs}
+
+
 def timed(fn, device) -> float:
     fn()
     samples = []
@@ -57,9 +99,15 @@ def main(argv=None) -> int:
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--batches", type=int, nargs="+", default=[8, 512], help="Gram matrices per call")
     p.add_argument("--ks", type=int, nargs="+", default=[24, 72], help="subspace sizes (rank_max + 8)")
+    p.add_argument("--step", action="store_true", help="a decode step's compression instead (GPU)")
     a = p.parse_args(argv)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
+    if a.step:
+        for layers, seqs in [(1, 1), (48, 1), (48, 8), (48, 32)]:
+            rows.append(compress_step(layers, seqs))
+            print(json.dumps(rows[-1]), flush=True)
+        a.batches = []
     for n in a.batches:
         x = torch.randn(n, 128, a.dim, device=dev)  # a block of 128 tokens per stream
         g = x.transpose(1, 2) @ x

@@ -131,13 +131,13 @@ def alrkvd_kernel_tokens(steps: int = 60) -> list[dict]:
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 4096, (n,), generator=g).tolist() for n in (300, 250, 90)]
     tokens = {}
-    for backend, side_stream in (("auto", True), ("auto-inline", False), ("torch", True)):
+    for backend, side_stream in (("auto", False), ("auto-side-stream", True), ("torch", False)):
         engine = LLMEngine(EngineArgs(model=folder, load_format="dummy", tokenizer="none", device="cuda",
                                       dtype="float32", kv_format="alrkvd", kv_options=kernel_options(64),
                                       attention_backend=backend.split("-")[0], max_num_seqs=4,
                                       kv_compress_stream=side_stream))
         assert (engine.cache.decode_kernel is not None) == (backend != "torch")
-        assert (engine.cache.compress_stream is not None) == (backend == "auto")
+        assert (engine.cache.compress_stream is not None) == (backend == "auto-side-stream")
         params = SamplingParams(max_tokens=steps, temperature=0, ignore_eos=True)
         rids = [engine.add_request(None, SamplingParams(**vars(params)), prompt_ids=p) for p in prompts]
         done = {}
@@ -145,10 +145,10 @@ def alrkvd_kernel_tokens(steps: int = 60) -> list[dict]:
             done |= {o.request_id: o.token_ids for o in engine.step() if o.finished}
         tokens[backend] = [done[r] for r in rids]
     rows = []
-    for n, a, inline, b in zip((300, 250, 90), tokens["auto"], tokens["auto-inline"], tokens["torch"]):
+    for n, a, side, b in zip((300, 250, 90), tokens["auto"], tokens["auto-side-stream"], tokens["torch"]):
         rows.append({"prompt_tokens": n, "steps": steps, "equal": a == b,
                      "first_difference": next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None),
-                     "side_stream_equals_inline": a == inline})
+                     "side_stream_equals_inline": side == a})
     return rows
 
 
@@ -207,8 +207,8 @@ def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv
     """`expert_fractions` below 1: the routed experts stream from pinned host memory through a
     device cache of that fraction of their bytes (backend/experts.py), the whole model in the engine.
     `kv_formats`: the paged cache's format (fp16: the Triton paged kernel; others: their decode path);
-    `alrkvd` gives two rows from one engine: `alrkvd-inline` (the blocks decode steps fill compressed on the
-    main stream after the attention, as with kv_compress_stream=False) and `alrkvd` (on the side stream)."""
+    `alrkvd` gives two rows from one engine: `alrkvd` (the blocks a decode step fills compressed on the main
+    stream when the step's forward is queued, the default) and `alrkvd-side-stream` (kv_compress_stream=True)."""
     rows = []
     bw = copy_bandwidth()
     for name, fraction, kv_format in [(n, f, k) for n in shapes for f in expert_fractions for k in kv_formats]:
@@ -218,21 +218,24 @@ def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv
         on_device = weights if expert_budget is None else weights - experts + expert_budget
         budget = torch.cuda.mem_get_info()[0] - on_device - (6 << 30)  # headroom for activations
         engine = dummy_engine(name, kv_format, kv_budget_bytes=budget, max_num_seqs=64,
-                              expert_budget_bytes=expert_budget)
+                              expert_budget_bytes=expert_budget, kv_compress_stream=True)
         counter = ExpertCounter(engine.model)
         # a prompt that fills a block: compiles what compressing one needs before anything is timed
         engine.add_request(None, SamplingParams(max_tokens=2, ignore_eos=True), prompt_ids=[1] * (engine.cache.block_size + 8))
         while engine.has_unfinished():
             engine.step()
         side_stream = engine.cache.compress_stream
-        # alrkvd twice in the same engine: the blocks decode steps fill compressed inline, then on the side stream
-        variants = [("alrkvd-inline", None), ("alrkvd", side_stream)] if side_stream is not None else [(kv_format, None)]
+        # alrkvd twice in the same engine: the blocks decode steps fill compressed inline (the default), then on
+        # the side stream
+        variants = ([("alrkvd", None), ("alrkvd-side-stream", side_stream)] if side_stream is not None
+                    else [(kv_format, None)])
         for batch in batches:
             for context in contexts:
                 for label, stream in variants:
                     engine.cache.compress_stream = stream
                     row = {"model": name, "batch": batch, "context": context, "weights_gb": weights / 1e9,
-                           "expert_fraction": fraction, "kv_format": label}
+                           "expert_fraction": fraction, "kv_format": label,
+                           "free_gb_before": torch.cuda.mem_get_info()[0] / 1e9}
                     try:
                         row.update(run_decode(engine, counter, batch, context, steps, bw))
                     except (torch.OutOfMemoryError, MemoryError, ValueError) as e:

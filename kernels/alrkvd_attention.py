@@ -16,8 +16,8 @@ V0..V{H-1}, stream s owning rows [sum(ranks[:s]), sum(ranks[:s+1]))):
 The low-rank part of a key is stored before RoPE (where keys are low-rank) and rotated in the kernel;
 the residual is stored after RoPE, so it is added as it is. The window `[num_slots, block_size, H, D]`
 (model dtype, keys before RoPE) holds the last 1..block_size tokens of each sequence: a block that
-fills in this step is still read from the window, so the cache can compress it after the attention, on
-a side stream (backend/kv_cache.py), instead of before it.
+fills in this step is still read from the window, so the cache compresses it after the step's forward,
+with the blocks of every layer in one call (backend/kv_cache.py), instead of before each layer's attention.
 
 Stage 1 (one program per sequence, kv head and split of the closed tiles; the extra split index
 num_splits takes the window), per tile of BLOCK_N tokens of a closed block:
