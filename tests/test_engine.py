@@ -184,6 +184,14 @@ def test_alrkvd_decode_kernel_glue():
     engine.cache.decode_kernel = alrkvd_decode_attention_ref
     got = [o.token_ids for o in engine.generate(prompts, params)]
     assert got == expected
+    # as on CUDA: the block a decode step fills is read from the window, then compressed with the blocks of
+    # every layer in one call of the compression kernel (interpreted here) when the step commits
+    calls = []
+    compress_kernel = engine.cache._compress_kernel
+    engine.cache.compress = lambda blocks: (calls.append(sorted({b[0] for b in blocks})), compress_kernel(blocks))
+    got = [o.token_ids for o in engine.generate(prompts, params)]
+    assert got == expected
+    assert list(range(engine.cfg.num_layers)) in calls  # one call held the block of all 30 layers
     assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
 
 
