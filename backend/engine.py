@@ -46,7 +46,7 @@ class EngineArgs:
     scheduling_policy: str = "fcfs"    # "fcfs" or "priority" (lower value first)
     attention_backend: str = "auto"    # "auto": Triton decode kernels on CUDA; "torch": reference path
     kv_compress_stream: bool = False   # CUDA: compress the blocks decode steps fill on a side stream (no
-                                       # gain measured: the basis solve synchronises; BENCHMARKS.md section 2)
+                                       # gain measured: the basis solve synchronises; BENCHMARKS.md 2b)
     seed: int = 0
     expert_budget_bytes: int | None = None  # device bytes for routed experts, streamed from host; None: all resident
     expert_prefetch: int = 1           # MoE layers ahead whose experts are prefetched (pre-gating); 0: on demand only
