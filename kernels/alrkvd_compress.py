@@ -4,11 +4,11 @@ quantization, residual (rotation, quantization) and packing, straight into the f
 The basis comes first, from PyTorch on the device: the batched SVD of all streams of all blocks,
 the format's own rank water-filling (`fmt.allocate_ranks`) and the 8-bit basis quantization, exactly
 as `backend.kv_formats.ALRKVDFormat.encode` does them. The kernel then does the rest of `encode` for
-one stream of one block per program (grid (n, 2H)), never writing anything but the packed result:
+one stream of one block per program (grid (n, 2H)), in chunks of 32 tokens (two passes: the latents'
+range over the block first), never writing anything but the packed result:
     lat = X_s @ B_s^T                      latents [T, r_s], then asymmetric 8-bit per row over T
     E   = X_s - lat_hat @ B_s              residual; for keys with key_frame=post_rope, RoPE of the
-                                           tokens' positions (rotate_half as an exact dot with a +-1
-                                           permutation); then @ rot (if the format rotates)
+                                           tokens' positions; then @ rot (if the format rotates)
     codes/scales per (token, group)        gauss: RMS x best of 5 factors on the Lloyd-Max levels;
                                            uniform: asymmetric; then bit-plane packing (pack_bits)
 Same arithmetic as the PyTorch encode (fp32 IEEE dots, division and square root correctly rounded,
@@ -114,10 +114,18 @@ def _quant_resid_store(e, Resid_rows, Scale_rows, Zero_rows, Levels, Edges, Sear
 
 
 @triton.jit
+def _rotate_half(e, TC: tl.constexpr, D: tl.constexpr):
+    """HF rotate_half of the rows of e [TC, D], cat(-e[:, D/2:], e[:, :D/2]), by moving data only (exact)."""
+    halves = tl.permute(tl.reshape(e, [TC, 2, D // 2]), (0, 2, 1))  # [TC, D/2, 2]: (first, second) half
+    first, second = tl.split(halves)
+    return tl.reshape(tl.permute(tl.join(-second, first), (0, 2, 1)), [TC, D])
+
+
+@triton.jit
 def _alrkvd_compress_kernel(
     # Pointers: inputs
     K_src, V_src, Block_ids, Ranks, Basis, Basis_scale, Rot,
-    Start_pos, Cos, Sin, Rot_half,  # key_frame=post_rope: first position of each block, RoPE tables, rotate_half
+    Start_pos, Cos, Sin,  # key_frame=post_rope: first position of each block, RoPE tables
     K_levels, K_edges, V_levels, V_edges, Search,
     # Pointers: outputs
     Latent, Latent_scale, Latent_zero, K_resid, K_rscale, K_rzero, V_resid, V_rscale, V_rzero,
@@ -129,7 +137,7 @@ def _alrkvd_compress_kernel(
     stride_cn, stride_ct, stride_ch,  # k_rscale, v_rscale (and zeros): block, token, head
     stride_cs,  # Cos, Sin: position
     # Meta-parameters
-    NUM_KV_HEADS: tl.constexpr, T: tl.constexpr, D: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr, T: tl.constexpr, D: tl.constexpr, TC: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
     K_BITS: tl.constexpr, V_BITS: tl.constexpr, GROUP: tl.constexpr,
     UNIFORM: tl.constexpr, ROTATE: tl.constexpr, NSEARCH: tl.constexpr, POST_ROPE: tl.constexpr,
@@ -139,17 +147,10 @@ def _alrkvd_compress_kernel(
     s = tl.program_id(1)
     h = s % NUM_KV_HEADS
     block = tl.load(Block_ids + pid_i).to(tl.int64)
-    offs_t = tl.arange(0, T)
+    offs_c = tl.arange(0, TC)
     offs_d = tl.arange(0, D)
     offs_r = tl.arange(0, BLOCK_R)
     offs_s = tl.arange(0, BLOCK_S)
-
-    # -- the stream's rows [T, D]
-    src = pid_i.to(tl.int64) * stride_sn + h * stride_sh + offs_t[:, None] * stride_st + offs_d[None, :]
-    if s < NUM_KV_HEADS:
-        x = tl.load(K_src + src).to(tl.float32)
-    else:
-        x = tl.load(V_src + src).to(tl.float32)
 
     # -- its basis rows (written by the PyTorch step), rows >= rank masked to 0
     rk = tl.load(Ranks + block * stride_rkn + offs_s, mask=offs_s < 2 * NUM_KV_HEADS, other=0).to(tl.int32)
@@ -160,35 +161,53 @@ def _alrkvd_compress_kernel(
                  mask=mask_r[:, None], other=0).to(tl.float32)
     basis = bq * tl.load(Basis_scale + block * stride_bsn + off + offs_r, mask=mask_r, other=0.0).to(tl.float32)[:, None]
 
-    # -- latents: projection, 8-bit asymmetric per row over the block's tokens, reconstruction
-    lat = tl.dot(x, tl.trans(basis), input_precision="ieee")  # [T, BLOCK_R]
-    lq, lscale, lzero = _quant_asym(lat, 255, 0)
-    lat_hat = lq * lscale.to(tl.float32)[None, :] + lzero.to(tl.float32)[None, :]
-    tl.store(Latent + block * stride_ln + offs_t[:, None] * stride_lt + off + offs_r[None, :],
-             lq.to(tl.uint8), mask=mask_r[None, :])
+    # The block's T tokens go in chunks of TC (live tiles [TC, D], not [T, D]: few registers, no spills
+    # to local memory, which the driver reserves for every resident thread of the device).
+    src = pid_i.to(tl.int64) * stride_sn + h * stride_sh + offs_d[None, :]
+    if s < NUM_KV_HEADS:
+        Src = K_src + src
+    else:
+        Src = V_src + src
+    # -- pass 1: latents lat = X_s @ B_s^T, their min and max per row over the block's tokens
+    mn = tl.full([BLOCK_R], float("inf"), tl.float32)
+    mx = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    for t0 in tl.static_range(0, T, TC):
+        x = tl.load(Src + (t0 + offs_c)[:, None] * stride_st).to(tl.float32)
+        lat = tl.dot(x, tl.trans(basis), input_precision="ieee")  # [TC, BLOCK_R]
+        mn = tl.minimum(mn, tl.min(lat, 0))
+        mx = tl.maximum(mx, tl.max(lat, 0))
+    # backend.kv_formats.quant_asym over the tokens: fp16 scale and zero (the minimum)
+    lscale = ((mx - mn) / 255).to(tl.float16)
+    lzero = mn.to(tl.float16)
+    ls = tl.maximum(lscale.to(tl.float32), 1e-8)
     tl.store(Latent_scale + block * stride_bsn + off + offs_r, lscale, mask=mask_r)
     tl.store(Latent_zero + block * stride_bsn + off + offs_r, lzero, mask=mask_r)
-
-    # -- residual, rotated, quantized and packed
-    e = x - tl.dot(lat_hat, basis, input_precision="ieee")
-    if POST_ROPE:
-        if s < NUM_KV_HEADS:  # the key residual in the frame of the rotated keys
-            pos = tl.load(Start_pos + pid_i) + offs_t
-            cs = pos[:, None] * stride_cs + offs_d[None, :]
-            half = tl.load(Rot_half + offs_d[:, None] * D + offs_d[None, :])
-            e = e * tl.load(Cos + cs) + tl.dot(e, half, input_precision="ieee") * tl.load(Sin + cs)
-    if ROTATE:
-        rot = tl.load(Rot + offs_d[:, None] * D + offs_d[None, :])
-        e = tl.dot(e, rot, input_precision="ieee")
-    rows_c = block * stride_cn + h * stride_ch + offs_t * stride_ct
-    if s < NUM_KV_HEADS:
-        rows_r = block * stride_rn + h * stride_rh + offs_t * stride_rt
-        _quant_resid_store(e, K_resid + rows_r, K_rscale + rows_c, K_rzero + rows_c, K_levels, K_edges, Search,
-                           K_BITS, GROUP, UNIFORM, NSEARCH, T, D)
-    else:
-        rows_r = block * stride_vn + h * stride_vh + offs_t * stride_vt
-        _quant_resid_store(e, V_resid + rows_r, V_rscale + rows_c, V_rzero + rows_c, V_levels, V_edges, Search,
-                           V_BITS, GROUP, UNIFORM, NSEARCH, T, D)
+    # -- pass 2, per chunk: latent codes; residual x - lat_hat @ B_s, rotated, quantized and packed
+    for t0 in tl.static_range(0, T, TC):
+        rows_t = t0 + offs_c
+        x = tl.load(Src + rows_t[:, None] * stride_st).to(tl.float32)
+        lat = tl.dot(x, tl.trans(basis), input_precision="ieee")
+        lq = tl.minimum(tl.maximum(_round_half_even(tl.div_rn(lat - lzero.to(tl.float32)[None, :], ls[None, :])), 0.0), 255.0)
+        tl.store(Latent + block * stride_ln + rows_t[:, None] * stride_lt + off + offs_r[None, :],
+                 lq.to(tl.uint8), mask=mask_r[None, :])
+        lat_hat = lq * lscale.to(tl.float32)[None, :] + lzero.to(tl.float32)[None, :]
+        e = x - tl.dot(lat_hat, basis, input_precision="ieee")
+        if POST_ROPE:
+            if s < NUM_KV_HEADS:  # the key residual in the frame of the rotated keys
+                cs = (tl.load(Start_pos + pid_i) + rows_t)[:, None] * stride_cs + offs_d[None, :]
+                e = e * tl.load(Cos + cs) + _rotate_half(e, TC, D) * tl.load(Sin + cs)
+        if ROTATE:
+            rot = tl.load(Rot + offs_d[:, None] * D + offs_d[None, :])
+            e = tl.dot(e, rot, input_precision="ieee")
+        rows_c = block * stride_cn + h * stride_ch + rows_t * stride_ct
+        if s < NUM_KV_HEADS:
+            rows_r = block * stride_rn + h * stride_rh + rows_t * stride_rt
+            _quant_resid_store(e, K_resid + rows_r, K_rscale + rows_c, K_rzero + rows_c, K_levels, K_edges, Search,
+                               K_BITS, GROUP, UNIFORM, NSEARCH, TC, D)
+        else:
+            rows_r = block * stride_vn + h * stride_vh + rows_t * stride_vt
+            _quant_resid_store(e, V_resid + rows_r, V_rscale + rows_c, V_rzero + rows_c, V_levels, V_edges, Search,
+                               V_BITS, GROUP, UNIFORM, NSEARCH, TC, D)
 
 
 def _basis_step(fmt, layers: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -201,16 +220,6 @@ def _basis_step(fmt, layers: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, 
     fmt.ranks.flatten(0, 1)[rows] = ranks.to(torch.int16)
     fmt.basis.flatten(0, 1)[rows] = bq.to(torch.int8)
     fmt.basis_scale.flatten(0, 1)[rows] = bscale
-
-
-@functools.lru_cache(maxsize=None)
-def _rotate_half_matrix(d: int, device) -> torch.Tensor:
-    """P [d, d] fp32 with x @ P = rotate_half(x) = cat(-x[d/2:], x[:d/2]) (HF RoPE), exact in a dot."""
-    p = torch.zeros(d, d, dtype=torch.float32)
-    i = torch.arange(d // 2)
-    p[i + d // 2, i] = -1.0
-    p[i, i + d // 2] = 1.0
-    return p.to(device)
 
 
 @functools.lru_cache(maxsize=None)
@@ -261,9 +270,8 @@ def alrkvd_compress(fmt, layer, block_ids, k: torch.Tensor, v: torch.Tensor, sta
             raise ValueError("alrkvd key_frame=post_rope: compress needs start_pos and fmt.set_rotary(rotary)")
         start = _indices(start_pos, dev)
         cos, sin = fmt._rotary.cos, fmt._rotary.sin
-        rot_half = _rotate_half_matrix(D, dev)
     else:
-        start = cos = sin = rot_half = rows  # never read
+        start = cos = sin = rows  # never read
 
     k_lv, k_edges, search = _device_constants(o["k_bits"], dev)  # read with the gauss codebook only
     v_lv, v_edges, _ = _device_constants(o["v_bits"], dev)
@@ -277,7 +285,7 @@ def alrkvd_compress(fmt, layer, block_ids, k: torch.Tensor, v: torch.Tensor, sta
     cfg = get_config("alrkvd_compress", f"head_dim={D},block_size={T}", dev, _DEFAULT)
     _alrkvd_compress_kernel[(n, 2 * H)](
         k, v, rows, ranks, basis, basis_scale, rot if rot is not None else search,
-        start, cos, sin, rot_half,
+        start, cos, sin,
         k_lv, k_edges, v_lv, v_edges, search,
         lat, lat_scale, lat_zero,
         kres, ksc, kz,
@@ -289,7 +297,7 @@ def alrkvd_compress(fmt, layer, block_ids, k: torch.Tensor, v: torch.Tensor, sta
         vres.stride(0), vres.stride(1), vres.stride(2),
         ksc.stride(0), ksc.stride(1), ksc.stride(2),
         cos.stride(0) if post else 0,
-        NUM_KV_HEADS=H, T=T, D=D,
+        NUM_KV_HEADS=H, T=T, D=D, TC=min(32, T),
         BLOCK_R=max(16, triton.next_power_of_2(o["rank_max"])), BLOCK_S=triton.next_power_of_2(2 * H),
         K_BITS=o["k_bits"], V_BITS=o["v_bits"], GROUP=o["group"], UNIFORM=uniform, ROTATE=rot is not None,
         NSEARCH=len(GAUSS_SEARCH), POST_ROPE=post, **cfg,
