@@ -57,7 +57,7 @@ KERNEL_OPTIONS = {"latent_bits": 8, "basis_bits": 8, "scale_bits": 16, "codebook
 def kernel_options(head_dim: int, **extra) -> dict:
     """ALRKVDFormat options for the GPU: the set this kernel reads for a model of `head_dim` (k_bits, v_bits
     in {2, 4, 8}), and the basis found on the GPU by subspace iteration over at most 16 + 8 directions (the
-    exact eigh runs on the CPU, 5-7x slower there: benchmarks/bench_basis.py)."""
+    exact eigh runs on the CPU, hundreds of times slower for a prefill chunk: benchmarks/bench_basis.py)."""
     return {**KERNEL_OPTIONS, "group": head_dim, "basis_solver": "subspace", "rank_max": 16, **extra}
 
 

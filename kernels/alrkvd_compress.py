@@ -161,8 +161,8 @@ def _alrkvd_compress_kernel(
                  mask=mask_r[:, None], other=0).to(tl.float32)
     basis = bq * tl.load(Basis_scale + block * stride_bsn + off + offs_r, mask=mask_r, other=0.0).to(tl.float32)[:, None]
 
-    # The block's T tokens go in chunks of TC (live tiles [TC, D], not [T, D]: few registers, no spills
-    # to local memory, which the driver reserves for every resident thread of the device).
+    # The block's T tokens go in chunks of TC (live tiles [TC, D], not [T, D]): a quarter of the spill
+    # stack, i.e. of the local memory the driver reserves for every thread the device can hold.
     src = pid_i.to(tl.int64) * stride_sn + h * stride_sh + offs_d[None, :]
     if s < NUM_KV_HEADS:
         Src = K_src + src

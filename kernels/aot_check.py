@@ -53,7 +53,7 @@ def main() -> None:
                     Latent="u8", Latent_scale="fp16", Latent_zero="fp16", K_resid="u8", K_rscale="fp16",
                     K_rzero="fp16", V_resid="u8", V_rscale="fp16", V_rzero="fp16", Mid_o="fp32", Mid_lse="fp32")
     comp_ptrs = dict(K_src="fp16", V_src="fp16", Block_ids="i64", Ranks="i16", Basis="i8", Basis_scale="fp16",
-                     Rot="fp32", Start_pos="i64", Cos="fp32", Sin="fp32", Rot_half="fp32", K_levels="fp32", K_edges="fp32", V_levels="fp32", V_edges="fp32", Search="fp32",
+                     Rot="fp32", Start_pos="i64", Cos="fp32", Sin="fp32", K_levels="fp32", K_edges="fp32", V_levels="fp32", V_edges="fp32", Search="fp32",
                      Latent="u8", Latent_scale="fp16", Latent_zero="fp16", K_resid="u8", K_rscale="fp16",
                      K_rzero="fp16", V_resid="u8", V_rscale="fp16", V_rzero="fp16")
     alr_common = dict(NUM_KV_HEADS=8, GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_SIZE=128, BLOCK_S=16, K_BITS=2,
@@ -72,10 +72,10 @@ def main() -> None:
         for r in (16, 64)
     ] + [
         ("alrkvd compress (T=128, D=128)", alrkvd_compress._alrkvd_compress_kernel, comp_ptrs, set(),
-         dict(NUM_KV_HEADS=8, T=128, D=128, BLOCK_R=64, BLOCK_S=16, K_BITS=2, V_BITS=2, GROUP=64, UNIFORM=False,
+         dict(NUM_KV_HEADS=8, T=128, D=128, TC=32, BLOCK_R=64, BLOCK_S=16, K_BITS=2, V_BITS=2, GROUP=64, UNIFORM=False,
               ROTATE=True, NSEARCH=5, POST_ROPE=False), alrkvd_compress._DEFAULT),
         ("alrkvd compress, kernel preset (T=64, D=128)", alrkvd_compress._alrkvd_compress_kernel, comp_ptrs, set(),
-         dict(NUM_KV_HEADS=8, T=64, D=128, BLOCK_R=32, BLOCK_S=16, K_BITS=4, V_BITS=4, GROUP=128, UNIFORM=True,
+         dict(NUM_KV_HEADS=8, T=64, D=128, TC=32, BLOCK_R=32, BLOCK_S=16, K_BITS=4, V_BITS=4, GROUP=128, UNIFORM=True,
               ROTATE=False, NSEARCH=5, POST_ROPE=True), alrkvd_compress._DEFAULT),
     ]
     del f32
