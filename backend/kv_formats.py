@@ -65,9 +65,11 @@ def _parse_options(name: str, spec: dict[str, tuple[Callable[[Any], Any], Any]],
 
 # ----------------------------------------------------------------------------------------------------
 # bit packing: b bits = sum of power-of-two planes (4, 2, 1 bits; 8 is a plain byte), highest plane first.
-# Plane with w bits holds 8/w values per byte; value j of the plane sits in byte j // (8/w) at bit
-# (j % (8/w)) * w.  Plane order in the packed last dim: the plane of the highest power first, each plane
-# holding the corresponding bits of the code (e.g. 3 bits: plane 2-bit = code & 3, then plane 1-bit = code >> 2).
+# Plane with w bits holds 8/w values per byte in n/(8/w) bytes; value j of the plane sits in byte j % (n/(8/w))
+# at bit (j // (n/(8/w))) * w: the bits at one position of every byte are a contiguous run of values, so a
+# kernel unpacks a run with one mask per byte and needs no interleave.  Plane order in the packed last dim: the
+# plane of the highest power first, each plane holding the corresponding bits of the code (e.g. 3 bits: plane
+# 2-bit = code & 3, then plane 1-bit = code >> 2).
 # ----------------------------------------------------------------------------------------------------
 
 def _planes(bits: int) -> list[int]:
@@ -94,9 +96,9 @@ def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
         plane = (c >> shift) & ((1 << w) - 1)
         shift += w
         per = 8 // w
-        p = plane.reshape(*c.shape[:-1], n // per, per)
-        sh = torch.arange(per, device=c.device, dtype=torch.int32) * w
-        parts.append((p << sh).sum(-1).to(torch.uint8))
+        p = plane.reshape(*c.shape[:-1], per, n // per)
+        sh = torch.arange(per, device=c.device, dtype=torch.int32)[:, None] * w
+        parts.append((p << sh).sum(-2).to(torch.uint8))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
@@ -111,8 +113,8 @@ def unpack_bits(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
         nb = n // per
         chunk = p[..., pos:pos + nb]
         pos += nb
-        sh = torch.arange(per, device=p.device, dtype=torch.int32) * w
-        vals = (chunk.unsqueeze(-1) >> sh) & ((1 << w) - 1)
+        sh = torch.arange(per, device=p.device, dtype=torch.int32)[:, None] * w
+        vals = (chunk.unsqueeze(-2) >> sh) & ((1 << w) - 1)                   # [..., per, nb]
         out |= vals.reshape(*p.shape[:-1], n) << shift
         shift += w
     return out
@@ -295,8 +297,15 @@ class KVFormat:
     def _allocate(self) -> None:
         raise NotImplementedError
 
-    def _alloc(self, name: str, shape_per_block: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        t = torch.zeros((self.num_layers, self.num_blocks, *shape_per_block), dtype=dtype, device=self.device)
+    def _alloc(self, name: str, shape_per_block: tuple[int, ...], dtype: torch.dtype,
+               order: tuple[int, ...] | None = None) -> torch.Tensor:
+        """A zeroed [num_layers, num_blocks, *shape_per_block] tensor. `order` lays the per-block dims out in
+        memory in that order (outermost first) and returns the view in the logical order: e.g. (1, 0) stores a
+        [T, R] block as [R, T], so that a kernel reads one row's T values contiguously."""
+        order = order or tuple(range(len(shape_per_block)))
+        t = torch.zeros((self.num_layers, self.num_blocks, *(shape_per_block[i] for i in order)), dtype=dtype,
+                        device=self.device)
+        t = t.permute(0, 1, *(2 + order.index(i) for i in range(len(order))))
         self._tensors[name] = t
         setattr(self, name, t)
         return t
@@ -582,20 +591,22 @@ class ALRKVDFormat(KVFormat):
             self._alloc("basis", (R, packed_len(D, o["basis_bits"]) if o["basis_bits"] < 8 else D),
                         torch.uint8 if o["basis_bits"] < 8 else torch.int8)
             self._alloc("basis_scale", (R,), torch.float16)
+            # stream-major ([R, T] in memory): a stream's latents are rows of T contiguous bytes for the kernel
             self._alloc("latent", (T, packed_len(R, o["latent_bits"]) if R % 8 == 0 or o["latent_bits"] == 8
-                                   else self._raise_r()), torch.uint8)
+                                   else self._raise_r()), torch.uint8, order=(1, 0))
             self._alloc("latent_scale", (R,), torch.float16)
             self._alloc("latent_zero", (R,), torch.float16)
         uni = o["codebook"] == "uniform"
+        head_major = (1, 2, 0)  # [T, H, G] scales stored as [H, G, T]: a head's tokens contiguous for the kernel
         for kv, bits in (("k", o["k_bits"]), ("v", o["v_bits"])):
             self._alloc(f"{kv}_resid", (T, H, packed_len(D, bits)), torch.uint8)
             if o["scale_bits"] == 8:
-                self._alloc(f"{kv}_rscale", (T, H, G), torch.uint8)
+                self._alloc(f"{kv}_rscale", (T, H, G), torch.uint8, order=head_major)
                 self._alloc(f"{kv}_rbase", (H,), torch.float16)
             else:
-                self._alloc(f"{kv}_rscale", (T, H, G), torch.float16)
+                self._alloc(f"{kv}_rscale", (T, H, G), torch.float16, order=head_major)
             if uni:
-                self._alloc(f"{kv}_rzero", (T, H, G), torch.float16)
+                self._alloc(f"{kv}_rzero", (T, H, G), torch.float16, order=head_major)
         if o["exact_tokens"]:
             n = o["exact_tokens"]
             self._alloc("exact_idx", (n,), torch.int16)

@@ -114,34 +114,27 @@ def num_copies(bytes_per_call: int, device) -> int:
 # ------------------------------------------------------------------------------------------------
 def make_alrkvd(batch, length, num_kv_heads, head_dim, block, ranks_k, ranks_v, device, gen, k_bits=2, v_bits=2):
     """A synthetic ALR-KVD layer (random codes; speed does not depend on values) holding `batch`
-    sequences of `length` tokens in closed blocks. Returns (kwargs of the kernel, bytes read)."""
+    sequences of `length` tokens in closed blocks, in the format's own storage layout
+    (backend.kv_formats.ALRKVDFormat with the kernel's options). Returns (kwargs of the kernel, bytes read)."""
+    from backend.kv_formats import make_format
+    from kernels.alrkvd_attention import kernel_options
     assert length % block == 0
     H, D, T = num_kv_heads, head_dim, block
     nb = batch * length // T
     ranks = torch.tensor(ranks_k[:H] + ranks_v[:H], dtype=torch.int16)
     R = int(ranks.sum())
-
-    def rnd(shape, lo, hi, dtype):  # on the device: gigabytes at B=32, L=128k
-        return torch.randint(lo, hi, shape, dtype=dtype, device=device)
-
-    layer = AlrkvdLayer(
-        ranks=ranks.repeat(nb, 1).to(device),
-        basis=rnd((nb, R, D), -127, 128, torch.int8),
-        basis_scale=torch.full((nb, R), 1 / (127 * math.sqrt(D) / 4), dtype=torch.float16, device=device),
-        latent=rnd((nb, T, R), 0, 256, torch.uint8),
-        latent_scale=torch.full((nb, R), 2 / 255, dtype=torch.float16, device=device),
-        latent_zero=torch.full((nb, R), -1.0, dtype=torch.float16, device=device),
-        k_resid=rnd((nb, T, H, D * k_bits // 8), 0, 256, torch.uint8),
-        k_rscale=torch.full((nb, T, H, 1), 0.1, dtype=torch.float16, device=device),
-        k_rzero=torch.full((nb, T, H, 1), -0.15, dtype=torch.float16, device=device),
-        v_resid=rnd((nb, T, H, D * v_bits // 8), 0, 256, torch.uint8),
-        v_rscale=torch.full((nb, T, H, 1), 0.1, dtype=torch.float16, device=device),
-        v_rzero=torch.full((nb, T, H, 1), -0.15, dtype=torch.float16, device=device),
-        k_bits=k_bits, v_bits=v_bits, rank_max=max(max(ranks_k[:H]), max(ranks_v[:H])),
-    )
-    per_block = sum(t[0].numel() * t.element_size() for t in (
-        layer.ranks, layer.basis, layer.basis_scale, layer.latent, layer.latent_scale, layer.latent_zero,
-        layer.k_resid, layer.k_rscale, layer.k_rzero, layer.v_resid, layer.v_rscale, layer.v_rzero))
+    fmt = make_format("alrkvd", 1, H, D, torch.float16, device, num_blocks=nb, block_size=T,
+                      **kernel_options(D, k_bits=k_bits, v_bits=v_bits, rank_budget=R, rank_min=0,
+                                       rank_max=max(max(ranks_k[:H]), max(ranks_v[:H]))))
+    fmt.ranks.copy_(ranks.to(device).expand_as(fmt.ranks))
+    for t in (fmt.basis, fmt.latent, fmt.k_resid, fmt.v_resid):  # on the device: gigabytes at B=32, L=128k
+        t.random_(-127, 128) if t.dtype == torch.int8 else t.random_(0, 256)
+    for t, value in ((fmt.basis_scale, 1 / (127 * math.sqrt(D) / 4)), (fmt.latent_scale, 2 / 255),
+                     (fmt.latent_zero, -1.0), (fmt.k_rscale, 0.1), (fmt.k_rzero, -0.15), (fmt.v_rscale, 0.1),
+                     (fmt.v_rzero, -0.15)):
+        t.fill_(value)
+    layer = AlrkvdLayer.from_format(fmt, 0)
+    per_block = fmt.bytes_per_block()
     perm = torch.randperm(nb, generator=gen).int()
     block_tables = torch.cat([perm.view(batch, -1), torch.zeros(batch, 1, dtype=torch.int32)], 1)
     window = torch.zeros(batch + 1, T, H, D, dtype=torch.float16, device=device)
@@ -261,47 +254,67 @@ def bench_config(batch, length, variants, args, device, copy_bw, gen):
 TUNE_SPACE = {
     "paged_decode_stage1": [dict(BLOCK_N=n, num_warps=w, num_stages=st)
                             for n, w, st in [(32, 4, 2), (32, 8, 2), (64, 8, 2), (64, 8, 3), (128, 8, 2)]],
-    "alrkvd_decode_stage1": [dict(BLOCK_N=n, num_warps=w, num_stages=st)
-                             for n, w, st in [(32, 4, 2), (32, 8, 2), (64, 4, 2), (64, 8, 2), (64, 8, 3),
-                                              (128, 8, 2)]],
+    # maxnreg caps the registers (more programs per SM, some spilled); MIN_TOKENS_PER_SPLIT sets how finely
+    # short contexts split (the default is 256 tokens, as for the paged kernel)
+    "alrkvd_decode_stage1": [dict(BLOCK_N=n, num_warps=w, num_stages=2, **({"maxnreg": r} if r else {}),
+                                  **({"MIN_TOKENS_PER_SPLIT": m} if m else {}))
+                             for n, w, r, m in [(32, 4, 168, 0), (64, 4, 0, 0), (64, 8, 0, 0), (128, 8, 0, 0),
+                                                (64, 4, 0, 128), (128, 8, 0, 128)]],
 }
 
 
-def tune(args, device, gen, batch=8, length=32768):
-    """Time each launch configuration of TUNE_SPACE; install the fastest as the kernels' default for
-    the rest of the run. Returns {kernel: [{config, us | error}], ...} with the best marked."""
+def tune(args, device, gen, shapes=((8, 32768),)):
+    """Time each launch configuration of TUNE_SPACE at each (batch, length) of `shapes` (ALR-KVD at rank 16);
+    install the best over all shapes as the kernels' default for the rest of the run. Returns
+    {kernel: {best, results: [{config, B, L, us | error}]}}."""
     Hq, Hkv, D = args.num_q_heads, args.num_kv_heads, args.head_dim
     scale = D ** -0.5
-    q = torch.randn(batch, Hq, D, device=device, dtype=torch.float16)
-    k = torch.randn(batch, Hkv, length, D, device=device, dtype=torch.float16)
-    kc, vc, bt = make_paged_fp16(k, torch.randn_like(k), FP16_BLOCK, gen)
-    del k
-    seq_lens = torch.full((batch,), length, dtype=torch.int32, device=device)
-    alr, _ = make_alrkvd(batch, length, Hkv, D, args.block, *VARIANTS["alrkvd-r16"], device, gen)
-    runs = {
-        "paged_decode_stage1": (paged_mod._DEFAULT_STAGE1, lambda: paged_decode_attention(q, kc, vc, bt, seq_lens, scale)),
-        "alrkvd_decode_stage1": (alrkvd_mod._DEFAULT_STAGE1, lambda: alrkvd_decode_attention(q, scale=scale, **alr)),
-    }
-    report = {}
-    for kernel, (defaults, call) in runs.items():
-        original, results = dict(defaults), []
-        for cfg in TUNE_SPACE[kernel]:
-            defaults.clear()
-            defaults.update(cfg)
-            try:
-                results.append({"config": cfg, "us": time_calls([call], device) * 1e6})
-            except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory: skip the config
-                results.append({"config": cfg, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
-            print(f"tune {kernel:<22} {cfg} -> {results[-1].get('us', results[-1].get('error'))}", flush=True)
-        timed = [r for r in results if "us" in r]
-        best = min(timed, key=lambda r: r["us"])["config"] if timed else original
-        defaults.clear()
-        defaults.update(best)
-        report[kernel] = {"key": f"B={batch},L={length}", "best": best, "results": results}
-        print(f"tune {kernel:<22} best {best}", flush=True)
-    del kc, vc, alr
-    if device == "cuda":
-        torch.cuda.empty_cache()
+    report = {kernel: {"results": []} for kernel in TUNE_SPACE}
+    defaults = {"paged_decode_stage1": paged_mod._DEFAULT_STAGE1, "alrkvd_decode_stage1": alrkvd_mod._DEFAULT_STAGE1}
+    originals = {kernel: dict(d) for kernel, d in defaults.items()}
+    for batch, length in shapes:
+        q = torch.randn(batch, Hq, D, device=device, dtype=torch.float16)
+        k = torch.randn(batch, Hkv, length, D, device=device, dtype=torch.float16)
+        kc, vc, bt = make_paged_fp16(k, torch.randn_like(k), FP16_BLOCK, gen)
+        del k
+        seq_lens = torch.full((batch,), length, dtype=torch.int32, device=device)
+        alr, _ = make_alrkvd(batch, length, Hkv, D, args.block, *VARIANTS["alrkvd-r16"], device, gen)
+        calls = {
+            "paged_decode_stage1": lambda: paged_decode_attention(q, kc, vc, bt, seq_lens, scale),
+            "alrkvd_decode_stage1": lambda: alrkvd_decode_attention(q, scale=scale, **alr),
+        }
+        for kernel, call in calls.items():
+            for cfg in TUNE_SPACE[kernel]:
+                defaults[kernel].clear()
+                defaults[kernel].update(cfg)
+                row = {"config": cfg, "B": batch, "L": length}
+                try:
+                    row["us"] = time_calls([call], device) * 1e6
+                except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory: skip the config
+                    row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                report[kernel]["results"].append(row)
+                print(f"tune {kernel:<22} B={batch} L={length} {cfg} -> {row.get('us', row.get('error'))}", flush=True)
+            defaults[kernel].clear()
+            defaults[kernel].update(originals[kernel])
+        del kc, vc, alr
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    for kernel, rep in report.items():
+        # best over every shape: the smallest product of (time / the shape's fastest time); configs that
+        # failed at some shape are out
+        fastest = {}
+        for r in rep["results"]:
+            if "us" in r:
+                fastest[r["B"], r["L"]] = min(r["us"], fastest.get((r["B"], r["L"]), float("inf")))
+        score = {}
+        for r in rep["results"]:
+            key = json.dumps(r["config"], sort_keys=True)
+            score[key] = score.get(key, 1.0) * (r["us"] / fastest[r["B"], r["L"]] if "us" in r else float("inf"))
+        best = min(score, key=score.get) if score else None
+        rep["best"] = json.loads(best) if best and score[best] < float("inf") else originals[kernel]
+        defaults[kernel].clear()
+        defaults[kernel].update(rep["best"])
+        print(f"tune {kernel:<22} best over {list(shapes)}: {rep['best']}", flush=True)
     return report
 
 
@@ -333,12 +346,15 @@ def parse_args(argv=None):
     p.add_argument("--check-tokens", type=int, default=8192, help="check configs with B*L up to this")
     p.add_argument("--tune", action=argparse.BooleanOptionalAction, default=None,
                    help="sweep the kernels' launch configurations first (default: on with a GPU)")
+    p.add_argument("--tune-shapes", type=lambda s: tuple(int(x) for x in s.split("x")), nargs="+",
+                   default=[(8, 32768)], metavar="BxL",
+                   help="shapes the sweep times (the best config over all of them is used): e.g. 8x32768 1x4096")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
     args.num_q_heads, args.num_kv_heads, args.head_dim, args.block = NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, ALRKVD_BLOCK
     if args.smoke:
-        args.batches, args.lengths = [2], [160]
-        args.num_q_heads, args.num_kv_heads, args.head_dim, args.block = 8, 2, 64, 32
+        args.batches, args.lengths = [2], [192]
+        args.num_q_heads, args.num_kv_heads, args.head_dim, args.block = 8, 2, 64, 64  # block >= the mixed ranks
         args.variants = ["alrkvd-r16", "alrkvd-mixed"]
     return args
 
@@ -362,7 +378,7 @@ def main(argv=None) -> int:
     meta["copy_GBps"] = copy_bw / 1e9
     print(f"device-to-device copy: {copy_bw / 1e9:.0f} GB/s (read + write)", flush=True)
     if args.tune or (args.tune is None and device == "cuda"):
-        meta["tuning"] = tune(args, device, gen, *((2, 160) if args.smoke else ()))
+        meta["tuning"] = tune(args, device, gen, [(2, 192)] if args.smoke else args.tune_shapes)
     print_header()
     rows = []
     for batch in args.batches:

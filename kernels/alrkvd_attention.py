@@ -9,8 +9,11 @@ and zero per token and head (group = head_dim), key residual after RoPE). Per la
 (T = block_size tokens, H kv heads, R = rank_budget rows shared by the 2H streams K0..K{H-1},
 V0..V{H-1}, stream s owning rows [sum(ranks[:s]), sum(ranks[:s+1]))):
     ranks [2H] int16, basis [R, D] int8 (+ basis_scale [R] fp16),
-    latent [T, R] uint8 (+ latent_scale, latent_zero [R] fp16),
-    {k,v}_resid [T, H, packed(D, bits)] uint8, {k,v}_rscale and {k,v}_rzero [T, H, 1] fp16.
+    latent [T, R] uint8, stored stream-major ([R, T] in memory: a stream's latents are rows of T
+        contiguous bytes) (+ latent_scale, latent_zero [R] fp16),
+    {k,v}_resid [T, H, packed(D, bits)] uint8 (backend.kv_formats.pack_bits: run r of the codes, the bits
+        at r * bits of every byte, holds columns r * D/PER .. of the row, PER = 8 // bits),
+    {k,v}_rscale and {k,v}_rzero [T, H, 1] fp16, stored head-major ([H, 1, T]: a head's tokens contiguous).
     value(t)          = (latent_t * scale + zero) @ (basis * basis_scale) + codes_t * rscale_t + rzero_t
     rotated key(t)    = RoPE_t((latent_t * scale + zero) @ (basis * basis_scale)) + codes_t * rscale_t + rzero_t
 The low-rank part of a key is stored before RoPE (where keys are low-rank) and rotated in the kernel;
@@ -23,12 +26,15 @@ Stage 1 (one program per sequence, kv head and split of the closed tiles; the ex
 num_splits takes the window), per tile of BLOCK_N tokens of a closed block:
     keys:   the head's basis rows rotated once to the tile's first position p0 (RoPE is a rotation
             per frequency pair, so RoPE_{p0 + j} = RoPE_j o RoPE_{p0}), k = latents @ basis', then
-            RoPE_j with cos/sin(j * theta) (table rows 0..BLOCK_N-1) held in registers for the whole loop, plus
-            the dequantized residual; scores of every query head of the GQA group with tl.dot;
+            RoPE_j with cos/sin(j * theta) (table rows 0..BLOCK_N-1) held in registers for the whole loop;
+            scores of every query head of the GQA group with tl.dot, the low-rank part and the residual
+            apart: q . e_t = rscale_t (q . codes_t) + rzero_t sum(q), one dot per code run with the same
+            run of query columns, so no per-element scale, zero or interleave;
     values: p @ latents (accumulated in latent space), up-projected by the tile's basis, plus
-            p @ dequantized residual.
-Residual codes become fp16 without an int-to-float conversion: (code | 0x6400) read as fp16 is
-1024 + code. Stage 2 is `kernels.paged_attention.decode_reduce` (shared with every format).
+            (p * rscale) @ codes + p . rzero, accumulated run by run (output columns of run r in acc{r}).
+Codes become fp16 without an int-to-float conversion: the bits of run r masked in place and OR-ed with
+0x6400 read as the fp16 1024 + code * 2^(r * bits); the 1024 and the power of two come off after each
+fp32 dot. Stage 2 is `kernels.paged_attention.decode_reduce` (shared with every format).
 
 Public: `KERNEL_OPTIONS`, `kernel_options`, `AlrkvdLayer` (the per-layer views), `alrkvd_decode_attention`,
 `alrkvd_decode_attention_ref`. Nothing runs at import.
@@ -42,12 +48,15 @@ import triton
 import triton.language as tl
 
 from kernels.paged_attention import (
-    LOG2E, _group_block, attend_ref, check_decode_inputs, decode_reduce, default_num_splits, softmax_update,
+    LOG2E, MIN_TOKENS_PER_SPLIT, _group_block, attend_ref, check_decode_inputs, decode_reduce, default_num_splits,
+    softmax_update,
     store_partial,
 )
 from kernels.tuning import get_config
 
-_DEFAULT_STAGE1 = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}  # fastest at B=8 L=32k on the H200
+# best over B=8 L=32k and B=1 L=4k on the H200 (bench_attention.py --tune-shapes 8x32768 1x4096, 2026-12-01);
+# MIN_TOKENS_PER_SPLIT: the shortest split, 128 against the paged kernel's 256 (B=1 L=4k: 19 against 24 us)
+_DEFAULT_STAGE1 = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "MIN_TOKENS_PER_SPLIT": 128}
 
 # The ALRKVDFormat options this kernel reads (and group = head_dim); other options take the PyTorch path.
 KERNEL_OPTIONS = {"latent_bits": 8, "basis_bits": 8, "scale_bits": 16, "codebook": "uniform", "rotate": False,
@@ -116,32 +125,31 @@ class AlrkvdLayer:
 # Helpers inside the kernel
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _residual(Resid, Rscale, Rzero, rows, COL0: tl.constexpr, NCOL: tl.constexpr, stride_rt, stride_st,
-              BITS: tl.constexpr):
-    """Dequantized residual [len(rows), NCOL] (fp16) of columns COL0.. of the token rows `rows` of one head
-    (pointers already at (block, head)). Codes of BITS in {2, 4, 8} bits packed by
-    backend.kv_formats.pack_bits: value j in byte j // (8 // BITS) at bit (j % (8 // BITS)) * BITS. Bytes
-    are loaded whole and split in registers (tl.interleave keeps the column order)."""
-    PER: tl.constexpr = 8 // BITS
-    offs_b = COL0 // PER + tl.arange(0, NCOL // PER)
-    b = tl.load(Resid + rows[:, None] * stride_rt + offs_b[None, :]).to(tl.int32)
-    if PER == 1:
-        codes = b
-    elif PER == 2:
-        codes = tl.interleave(b & 15, b >> 4)
+def _code_runs(b, BITS: tl.constexpr):
+    """The 8 // BITS runs of packed residual bytes b [n, NB] (uint8), each [n, NB] fp16 holding
+    1024 + code * 2^(RUN * BITS). backend.kv_formats.pack_bits puts value j of a row in byte j % NB at bit
+    (j // NB) * BITS, so the codes at bit RUN * BITS of every byte are the row's columns RUN * NB ..
+    RUN * NB + NB - 1, in order: one mask per byte, no shift and no interleave. Masked in place and OR-ed
+    with 0x6400 the bits read as the fp16 1024 + code * 2^(RUN * BITS), without an int-to-float conversion;
+    the caller takes the 1024 and the power of two off after its dot, where the sum is fp32."""
+    x = b.to(tl.int16)
+    if BITS == 2:
+        return (_fp16_bits(x & 3), _fp16_bits(x & 12), _fp16_bits(x & 48), _fp16_bits(x & 192))
+    elif BITS == 4:
+        return (_fp16_bits(x & 15), _fp16_bits(x & 240))
     else:
-        codes = tl.interleave(tl.interleave(b & 3, (b >> 4) & 3), tl.interleave((b >> 2) & 3, b >> 6))
-    # (code | 0x6400) read as fp16 is 1024 + code: no int-to-float conversion
-    x = (codes | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
-    scale = tl.load(Rscale + rows * stride_st)[:, None]
-    zero = tl.load(Rzero + rows * stride_st)[:, None]
-    return x * scale + zero
+        return (_fp16_bits(x),)
 
 
 @triton.jit
-def _load_rows(Ptr, rows, cols, mask_rows, mask_cols, stride_row):
-    return tl.load(Ptr + rows[:, None] * stride_row + cols[None, :], mask=mask_rows[:, None] & mask_cols[None, :],
-                   other=0)
+def _fp16_bits(x):
+    return (x | 0x6400).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _load_2d(Ptr, rows, cols, mask_rows, mask_cols, stride_row, stride_col):
+    return tl.load(Ptr + rows[:, None] * stride_row + cols[None, :] * stride_col,
+                   mask=mask_rows[:, None] & mask_cols[None, :], other=0)
 
 
 @triton.jit
@@ -172,7 +180,7 @@ def _alrkvd_decode_stage1(
     stride_rkn,  # ranks: block
     stride_bn, stride_br,  # basis: block, row
     stride_bsn,  # basis_scale, latent_scale, latent_zero: block
-    stride_ln, stride_lt,  # latent: block, token
+    stride_ln, stride_lt, stride_lr,  # latent: block, token, row (stream-major: tokens contiguous)
     stride_krn, stride_krt, stride_krh,  # k_resid: block, token, head
     stride_ksn, stride_kst, stride_ksh,  # k_rscale and k_rzero: block, token, head
     stride_vrn, stride_vrt, stride_vrh,
@@ -215,9 +223,10 @@ def _alrkvd_decode_stage1(
 
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
+    o_row, lse_row = Mid_o + pid_b * stride_mob + pid_s * stride_mos, Mid_lse + pid_b * stride_mlb + pid_s
 
     if pid_s == num_splits:
+        acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
         # ---------------- the window: full precision, keys before RoPE ----------------
         slot = tl.load(Window_slots + pid_b).to(tl.int64)
         w_off = slot * stride_wn + pid_kvh.to(tl.int64) * stride_wh
@@ -236,6 +245,7 @@ def _alrkvd_decode_stage1(
             p, alpha, m_i, l_i = softmax_update(s * qk_scale, mask_n, m_i, l_i)
             v = tl.load(Window_v + rows[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v.to(tl.float16))
+        store_partial(o_row, lse_row, acc, m_i, l_i, heads, offs_d, mask_g, offs_d < HEAD_DIM, stride_moh, stride_mlh)
     else:
         # ---------------- closed blocks, compressed: whole tiles, split evenly ----------------
         n_tiles = n_closed * TILES
@@ -251,6 +261,37 @@ def _alrkvd_decode_stage1(
         sin_j = tl.load(Sin + j_off)
         all_n = offs_n < BLOCK_N
         mask_s = offs_s < 2 * NUM_KV_HEADS
+        # residual runs (backend.kv_formats.pack_bits): a key's columns come as PK runs of NK, one per code
+        # position in its bytes; the query is held as the same runs, the output accumulates as PV runs of NV
+        PK: tl.constexpr = 8 // K_BITS
+        NK: tl.constexpr = HEAD_DIM // PK
+        PV: tl.constexpr = 8 // V_BITS
+        NV: tl.constexpr = HEAD_DIM // PV
+        offs_kc = tl.arange(0, NK)
+        offs_vc = tl.arange(0, NV)
+        qk0 = tl.load(q_row + offs_kc[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16)
+        if PK >= 2:
+            qk1 = tl.load(q_row + NK + offs_kc[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16)
+        if PK == 4:
+            qk2 = tl.load(q_row + 2 * NK + offs_kc[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16)
+            qk3 = tl.load(q_row + 3 * NK + offs_kc[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16)
+        # sums of the fp16 query runs the dots read (each code's 1024 comes off as 1024 x these)
+        qs0 = tl.sum(qk0.to(tl.float32), 1)[:, None]
+        q_sum = qs0
+        if PK >= 2:
+            qs1 = tl.sum(qk1.to(tl.float32), 1)[:, None]
+            q_sum += qs1
+        if PK == 4:
+            qs2 = tl.sum(qk2.to(tl.float32), 1)[:, None]
+            qs3 = tl.sum(qk3.to(tl.float32), 1)[:, None]
+            q_sum += qs2 + qs3
+        q_sum = tl.reshape(q_sum, [BLOCK_G])
+        acc0 = tl.zeros([BLOCK_G, NV], dtype=tl.float32)
+        if PV >= 2:
+            acc1 = tl.zeros([BLOCK_G, NV], dtype=tl.float32)
+        if PV == 4:
+            acc2 = tl.zeros([BLOCK_G, NV], dtype=tl.float32)
+            acc3 = tl.zeros([BLOCK_G, NV], dtype=tl.float32)
         # the block id and ranks of the next tile are loaded one iteration ahead (a chain of two loads;
         # the index is clamped into the sequence's table so that the last prefetch reads a valid entry)
         last = tl.maximum(n_tiles - 1, 0)
@@ -277,53 +318,95 @@ def _alrkvd_decode_stage1(
 
             # -- keys: the basis rotated to the tile's first position, latents @ basis', RoPE_j, + residual
             bk_s = tl.load(Basis_scale + sc_blk + off_k + offs_r, mask=mk, other=0.0).to(tl.float32)[:, None]
-            bk1 = _load_rows(basis_blk + off_k * stride_br, offs_r, offs_h, mk, offs_h < HALF, stride_br) * bk_s
-            bk2 = _load_rows(basis_blk + off_k * stride_br + HALF, offs_r, offs_h, mk, offs_h < HALF, stride_br) * bk_s
+            bk1 = _load_2d(basis_blk + off_k * stride_br, offs_r, offs_h, mk, offs_h < HALF, stride_br, 1) * bk_s
+            bk2 = _load_2d(basis_blk + off_k * stride_br + HALF, offs_r, offs_h, mk, offs_h < HALF, stride_br, 1) * bk_s
             p0_off = (blk * BLOCK_SIZE + t % TILES * BLOCK_N).to(tl.int64) * stride_cs + offs_h
             b1, b2 = _rope(bk1, bk2, tl.load(Cos + p0_off)[None, :], tl.load(Sin + p0_off)[None, :])
             lk_s = tl.load(Latent_scale + sc_blk + off_k + offs_r, mask=mk, other=0.0).to(tl.float32)[None, :]
             lk_z = tl.load(Latent_zero + sc_blk + off_k + offs_r, mask=mk, other=0.0).to(tl.float32)[None, :]
-            lk = _load_rows(lat_blk + off_k, rows, offs_r, all_n, mk, stride_lt).to(tl.float32) * lk_s + lk_z
+            lk = _load_2d(lat_blk + off_k * stride_lr, rows, offs_r, all_n, mk, stride_lt, stride_lr)
+            lk = lk.to(tl.float32) * lk_s + lk_z
             lk = lk.to(tl.float16)
             k1, k2 = _rope(tl.dot(lk, b1.to(tl.float16)), tl.dot(lk, b2.to(tl.float16)), cos_j, sin_j)
-            kr = K_resid + block * stride_krn + kvh64 * stride_krh
-            ks_off = block * stride_ksn + kvh64 * stride_ksh
-            e1 = _residual(kr, K_rscale + ks_off, K_rzero + ks_off, rows, 0, HALF, stride_krt, stride_kst, K_BITS)
-            e2 = _residual(kr, K_rscale + ks_off, K_rzero + ks_off, rows, HALF, HALF, stride_krt, stride_kst, K_BITS)
-            s = tl.dot(q1, tl.trans(k1.to(tl.float16) + e1)) + tl.dot(q2, tl.trans(k2.to(tl.float16) + e2))
+            # -- key residual, codes * rscale + rzero per token: q . e = rscale (q . codes) + rzero sum(q); run r
+            #    of the codes arrives as 1024 + code * 2^(r K_BITS), taken off the run's fp32 dot
+            kc = _code_runs(tl.load(K_resid + block * stride_krn + kvh64 * stride_krh + rows[:, None] * stride_krt
+                                    + offs_kc[None, :]), K_BITS)
+            s_res = tl.dot(qk0, tl.trans(kc[0])) - 1024.0 * qs0
+            if PK >= 2:
+                s_res += (tl.dot(qk1, tl.trans(kc[1])) - 1024.0 * qs1) * (1.0 / (1 << K_BITS))
+            if PK == 4:
+                s_res += (tl.dot(qk2, tl.trans(kc[2])) - 1024.0 * qs2) * (1.0 / 16) \
+                    + (tl.dot(qk3, tl.trans(kc[3])) - 1024.0 * qs3) * (1.0 / 64)
+            ks_off = block * stride_ksn + kvh64 * stride_ksh + rows * stride_kst
+            s = tl.dot(q1, tl.trans(k1.to(tl.float16))) + tl.dot(q2, tl.trans(k2.to(tl.float16))) \
+                + s_res * tl.load(K_rscale + ks_off).to(tl.float32)[None, :] \
+                + q_sum[:, None] * tl.load(K_rzero + ks_off).to(tl.float32)[None, :]
             p, alpha, m_i, l_i = softmax_update(s * qk_scale, all_n, m_i, l_i)
             p16 = p.to(tl.float16)
 
-            # -- values: p @ latents, up-projected by the block's basis, + p @ residual
+            # -- values: p @ latents, up-projected run by run by the block's basis, + (p * rscale) @ codes +
+            #    p . rzero; the 1024 in each code comes off with the same fp16 weights the dot read
             lv_s = tl.load(Latent_scale + sc_blk + off_v + offs_r, mask=mv, other=0.0).to(tl.float32)[None, :]
             lv_z = tl.load(Latent_zero + sc_blk + off_v + offs_r, mask=mv, other=0.0).to(tl.float32)[None, :]
-            lv = _load_rows(lat_blk + off_v, rows, offs_r, all_n, mv, stride_lt).to(tl.float32) * lv_s + lv_z
+            lv = _load_2d(lat_blk + off_v * stride_lr, rows, offs_r, all_n, mv, stride_lt, stride_lr)
+            lv = lv.to(tl.float32) * lv_s + lv_z
+            p_lat = tl.dot(p16, lv.to(tl.float16)).to(tl.float16)  # [BLOCK_G, BLOCK_R]
             bv_s = tl.load(Basis_scale + sc_blk + off_v + offs_r, mask=mv, other=0.0).to(tl.float32)[:, None]
-            bv = _load_rows(basis_blk + off_v * stride_br, offs_r, offs_d, mv, offs_d < HEAD_DIM, stride_br) * bv_s
-            vr = V_resid + block * stride_vrn + kvh64 * stride_vrh
-            vs_off = block * stride_vsn + kvh64 * stride_vsh
-            ev = _residual(vr, V_rscale + vs_off, V_rzero + vs_off, rows, 0, HEAD_DIM, stride_vrt, stride_vst, V_BITS)
-            p_lat = tl.dot(p16, lv.to(tl.float16))  # [BLOCK_G, BLOCK_R]
-            acc = acc * alpha[:, None] + tl.dot(p_lat.to(tl.float16), bv.to(tl.float16)) + tl.dot(p16, ev)
+            bv_blk = basis_blk + off_v * stride_br
+            vs_off = block * stride_vsn + kvh64 * stride_vsh + rows * stride_vst
+            ps = (p * tl.load(V_rscale + vs_off).to(tl.float32)[None, :]).to(tl.float16)
+            ps_1024 = 1024.0 * tl.sum(ps.to(tl.float32), 1)[:, None]  # the codes' 1024, with the weights the dot reads
+            p_zero = tl.sum(p * tl.load(V_rzero + vs_off).to(tl.float32)[None, :], 1)[:, None]
+            vc = _code_runs(tl.load(V_resid + block * stride_vrn + kvh64 * stride_vrh + rows[:, None] * stride_vrt
+                                    + offs_vc[None, :]), V_BITS)
+            bv = _load_2d(bv_blk, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1) * bv_s
+            acc0 = acc0 * alpha[:, None] + (tl.dot(ps, vc[0]) - ps_1024) + p_zero \
+                + tl.dot(p_lat, bv.to(tl.float16))
+            if PV >= 2:
+                bv = _load_2d(bv_blk + NV, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1) * bv_s
+                acc1 = acc1 * alpha[:, None] + (tl.dot(ps, vc[1]) - ps_1024) * (1.0 / (1 << V_BITS)) + p_zero \
+                    + tl.dot(p_lat, bv.to(tl.float16))
+            if PV == 4:
+                bv = _load_2d(bv_blk + 2 * NV, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1) * bv_s
+                acc2 = acc2 * alpha[:, None] + (tl.dot(ps, vc[2]) - ps_1024) * (1.0 / 16) + p_zero \
+                    + tl.dot(p_lat, bv.to(tl.float16))
+                bv = _load_2d(bv_blk + 3 * NV, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1) * bv_s
+                acc3 = acc3 * alpha[:, None] + (tl.dot(ps, vc[3]) - ps_1024) * (1.0 / 64) + p_zero \
+                    + tl.dot(p_lat, bv.to(tl.float16))
 
-    store_partial(Mid_o + pid_b * stride_mob + pid_s * stride_mos, Mid_lse + pid_b * stride_mlb + pid_s,
-                  acc, m_i, l_i, heads, offs_d, mask_g, offs_d < HEAD_DIM, stride_moh, stride_mlh)
+        # output columns RUN * NV .. RUN * NV + NV - 1 are acc{RUN}
+        all_vc = offs_vc < NV
+        store_partial(o_row, lse_row, acc0, m_i, l_i, heads, offs_vc, mask_g, all_vc, stride_moh, stride_mlh)
+        if PV >= 2:
+            store_partial(o_row, lse_row, acc1, m_i, l_i, heads, NV + offs_vc, mask_g, all_vc, stride_moh, stride_mlh)
+        if PV == 4:
+            store_partial(o_row, lse_row, acc2, m_i, l_i, heads, 2 * NV + offs_vc, mask_g, all_vc, stride_moh,
+                          stride_mlh)
+            store_partial(o_row, lse_row, acc3, m_i, l_i, heads, 3 * NV + offs_vc, mask_g, all_vc, stride_moh,
+                          stride_mlh)
 
 
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
+def _stage1_config(q, cache: AlrkvdLayer) -> dict:
+    """Stage 1's launch parameters (kernels/tuning.py), MIN_TOKENS_PER_SPLIT included."""
+    batch, num_q_heads, head_dim = q.shape
+    group = num_q_heads // cache.num_kv_heads
+    return get_config("alrkvd_decode_stage1",
+                      f"head_dim={head_dim},group={group},block_size={cache.block_size},k_bits={cache.k_bits}",
+                      q.device, _DEFAULT_STAGE1)
+
+
 def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_lens, window_slots,
-                   cos, sin, scale, mid_o, mid_lse):
+                   cos, sin, scale, mid_o, mid_lse, cfg: dict):
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads, block_size = cache.num_kv_heads, cache.block_size
     num_partials = mid_o.shape[2]
     assert mid_o.shape == (batch, num_q_heads, num_partials, head_dim) and mid_o.dtype == torch.float32
     assert mid_lse.shape == (batch, num_q_heads, num_partials) and mid_lse.dtype == torch.float32
     group = num_q_heads // num_kv_heads
-    cfg = get_config("alrkvd_decode_stage1",
-                     f"head_dim={head_dim},group={group},block_size={block_size},k_bits={cache.k_bits}",
-                     q.device, _DEFAULT_STAGE1)
     block_n = min(cfg.pop("BLOCK_N"), block_size)
     assert block_size % block_n == 0
     grid = (batch, num_kv_heads, num_partials)
@@ -338,7 +421,7 @@ def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_
         cache.ranks.stride(0),
         cache.basis.stride(0), cache.basis.stride(1),
         cache.basis_scale.stride(0),
-        cache.latent.stride(0), cache.latent.stride(1),
+        cache.latent.stride(0), cache.latent.stride(1), cache.latent.stride(2),
         cache.k_resid.stride(0), cache.k_resid.stride(1), cache.k_resid.stride(2),
         cache.k_rscale.stride(0), cache.k_rscale.stride(1), cache.k_rscale.stride(2),
         cache.v_resid.stride(0), cache.v_resid.stride(1), cache.v_resid.stride(2),
@@ -358,8 +441,8 @@ def _check_layer(cache: AlrkvdLayer, window_k, window_v) -> None:
     assert D & (D - 1) == 0 and D >= 32, "head_dim must be a power of two >= 32"
     assert cache.ranks.dtype == torch.int16 and cache.basis.dtype == torch.int8
     assert cache.latent.dtype == torch.uint8 and cache.latent.shape[2] == cache.basis.shape[1]
-    for t in (cache.basis, cache.latent, cache.k_resid, cache.k_rscale, cache.v_resid, cache.v_rscale,
-              cache.ranks, cache.basis_scale, cache.latent_scale, cache.latent_zero):
+    for t in (cache.basis, cache.k_resid, cache.v_resid, cache.ranks, cache.basis_scale, cache.latent_scale,
+              cache.latent_zero):
         assert t.stride(-1) == 1
     assert cache.k_rscale.shape[-1] == 1 and cache.k_rzero.stride() == cache.k_rscale.stride()
     assert cache.v_rscale.shape[-1] == 1 and cache.v_rzero.stride() == cache.v_rscale.stride()
@@ -398,14 +481,17 @@ def alrkvd_decode_attention(
     assert window_slots.dtype == torch.int32 and window_slots.shape == (batch,)
     assert cos.dtype == sin.dtype == torch.float32 and cos.shape == sin.shape and cos.shape[1] == head_dim
     assert cos.stride() == sin.stride() and cos.stride(1) == 1 and cos.shape[0] >= block_size
+    cfg = _stage1_config(q, cache)
+    min_tokens = cfg.pop("MIN_TOKENS_PER_SPLIT", MIN_TOKENS_PER_SPLIT)
     if num_splits is None:
-        num_splits = default_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, q.device)
+        num_splits = default_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, q.device,
+                                        min_tokens)
     num_partials = num_splits + 1
     mid_o = torch.empty(batch, num_q_heads, num_partials, head_dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(batch, num_q_heads, num_partials, dtype=torch.float32, device=q.device)
     out = torch.empty(batch, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
     _alrkvd_stage1(q, cache, window_k, window_v, block_tables, seq_lens, window_slots, cos, sin, scale,
-                   mid_o, mid_lse)
+                   mid_o, mid_lse, cfg)
     return decode_reduce(mid_o, mid_lse, out)
 
 
@@ -420,8 +506,8 @@ def _unpack_ref(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     pos = shift = 0
     for w in planes:
         per = 8 // w
-        chunk = p[..., pos:pos + n // per]
-        vals = (chunk[..., None] >> (torch.arange(per, device=p.device) * w)) & ((1 << w) - 1)
+        chunk = p[..., pos:pos + n // per]  # value j in byte j % (n // per) at bit (j // (n // per)) * w
+        vals = (chunk[..., None, :] >> (torch.arange(per, device=p.device)[:, None] * w)) & ((1 << w) - 1)
         out |= vals.reshape(*p.shape[:-1], n) << shift
         pos += n // per
         shift += w

@@ -55,10 +55,10 @@ def _quant_asym(x, QMAX: tl.constexpr, AXIS: tl.constexpr):
 def _pack_plane_store(Row_ptrs, codes, BYTE0: tl.constexpr, W: tl.constexpr, SHIFT: tl.constexpr,
                       T: tl.constexpr, D: tl.constexpr):
     """Store bits SHIFT..SHIFT+W of codes [T, D] as one plane of pack_bits: value j in byte
-    BYTE0 + j // (8 // W) at bit (j % (8 // W)) * W."""
+    BYTE0 + j % (D // PER) at bit (j // (D // PER)) * W, PER = 8 // W."""
     PER: tl.constexpr = 8 // W
-    plane = tl.reshape((codes >> SHIFT) & ((1 << W) - 1), [T, D // PER, PER])
-    packed = tl.sum(plane << (tl.arange(0, PER) * W)[None, None, :], 2)
+    plane = tl.reshape((codes >> SHIFT) & ((1 << W) - 1), [T, PER, D // PER])
+    packed = tl.sum(plane << (tl.arange(0, PER) * W)[None, :, None], 1)
     tl.store(Row_ptrs[:, None] + BYTE0 + tl.arange(0, D // PER)[None, :], packed.to(tl.uint8))
 
 
@@ -79,7 +79,7 @@ def _pack_store(Row_ptrs, codes, BITS: tl.constexpr, T: tl.constexpr, D: tl.cons
 
 
 @triton.jit
-def _quant_resid_store(e, Resid_rows, Scale_rows, Zero_rows, Levels, Edges, Search,
+def _quant_resid_store(e, Resid_rows, Scale_rows, Zero_rows, stride_cg, Levels, Edges, Search,
                        BITS: tl.constexpr, GROUP: tl.constexpr, UNIFORM: tl.constexpr,
                        NSEARCH: tl.constexpr, T: tl.constexpr, D: tl.constexpr):
     """Quantize the rotated residual e [T, D] per (token, group) and store codes, scales (, zeros)."""
@@ -88,7 +88,7 @@ def _quant_resid_store(e, Resid_rows, Scale_rows, Zero_rows, Levels, Edges, Sear
     offs_g = tl.arange(0, NG)
     if UNIFORM:
         q, scale, zero = _quant_asym(x, (1 << BITS) - 1, 2)
-        tl.store(Zero_rows[:, None] + offs_g[None, :], zero)
+        tl.store(Zero_rows[:, None] + offs_g[None, :] * stride_cg, zero)
         codes = q.to(tl.int32)
     else:
         rms = tl.maximum(tl.sqrt_rn(tl.sum(x * x, 2) / GROUP), 1e-8)
@@ -109,7 +109,7 @@ def _quant_resid_store(e, Resid_rows, Scale_rows, Zero_rows, Levels, Edges, Sear
             best_s = tl.where(better, s16, best_s)
             codes = tl.where(better[:, :, None], q, codes)
         scale = best_s
-    tl.store(Scale_rows[:, None] + offs_g[None, :], scale)
+    tl.store(Scale_rows[:, None] + offs_g[None, :] * stride_cg, scale)
     _pack_store(Resid_rows, tl.reshape(codes, [T, D]), BITS, T, D)
 
 
@@ -131,10 +131,10 @@ def _alrkvd_compress_kernel(
     Latent, Latent_scale, Latent_zero, K_resid, K_rscale, K_rzero, V_resid, V_rscale, V_rzero,
     # Strides
     stride_sn, stride_st, stride_sh,  # k and v sources [n, T, H, D]: block, token, head
-    stride_rkn, stride_bn, stride_br, stride_bsn, stride_ln, stride_lt,
+    stride_rkn, stride_bn, stride_br, stride_bsn, stride_ln, stride_lt, stride_lr,  # latent: block, token, row
     stride_rn, stride_rt, stride_rh,  # k_resid: block, token, head
     stride_vn, stride_vt, stride_vh,  # v_resid (its packed rows differ when v_bits != k_bits)
-    stride_cn, stride_ct, stride_ch,  # k_rscale, v_rscale (and zeros): block, token, head
+    stride_cn, stride_ct, stride_ch, stride_cg,  # k_rscale, v_rscale (and zeros): block, token, head, group
     stride_cs,  # Cos, Sin: position
     # Meta-parameters
     NUM_KV_HEADS: tl.constexpr, T: tl.constexpr, D: tl.constexpr, TC: tl.constexpr,
@@ -188,7 +188,7 @@ def _alrkvd_compress_kernel(
         x = tl.load(Src + rows_t[:, None] * stride_st).to(tl.float32)
         lat = tl.dot(x, tl.trans(basis), input_precision="ieee")
         lq = tl.minimum(tl.maximum(_round_half_even(tl.div_rn(lat - lzero.to(tl.float32)[None, :], ls[None, :])), 0.0), 255.0)
-        tl.store(Latent + block * stride_ln + rows_t[:, None] * stride_lt + off + offs_r[None, :],
+        tl.store(Latent + block * stride_ln + rows_t[:, None] * stride_lt + (off + offs_r)[None, :] * stride_lr,
                  lq.to(tl.uint8), mask=mask_r[None, :])
         lat_hat = lq * lscale.to(tl.float32)[None, :] + lzero.to(tl.float32)[None, :]
         e = x - tl.dot(lat_hat, basis, input_precision="ieee")
@@ -202,11 +202,13 @@ def _alrkvd_compress_kernel(
         rows_c = block * stride_cn + h * stride_ch + rows_t * stride_ct
         if s < NUM_KV_HEADS:
             rows_r = block * stride_rn + h * stride_rh + rows_t * stride_rt
-            _quant_resid_store(e, K_resid + rows_r, K_rscale + rows_c, K_rzero + rows_c, K_levels, K_edges, Search,
+            _quant_resid_store(e, K_resid + rows_r, K_rscale + rows_c, K_rzero + rows_c, stride_cg, K_levels, K_edges,
+                               Search,
                                K_BITS, GROUP, UNIFORM, NSEARCH, TC, D)
         else:
             rows_r = block * stride_vn + h * stride_vh + rows_t * stride_vt
-            _quant_resid_store(e, V_resid + rows_r, V_rscale + rows_c, V_rzero + rows_c, V_levels, V_edges, Search,
+            _quant_resid_store(e, V_resid + rows_r, V_rscale + rows_c, V_rzero + rows_c, stride_cg, V_levels, V_edges,
+                               Search,
                                V_BITS, GROUP, UNIFORM, NSEARCH, TC, D)
 
 
@@ -276,12 +278,13 @@ def alrkvd_compress(fmt, layer, block_ids, k: torch.Tensor, v: torch.Tensor, sta
     k_lv, k_edges, search = _device_constants(o["k_bits"], dev)  # read with the gauss codebook only
     v_lv, v_edges, _ = _device_constants(o["v_bits"], dev)
     rot = getattr(fmt, "_rot", None)
-    # every storage tensor as [num_layers * num_blocks, ...] (contiguous, so these are views): row = layer * NB + block
+    # every storage tensor as [num_layers * num_blocks, ...] (views: layers and blocks are the outer dims),
+    # row = layer * NB + block
     ranks, basis, basis_scale, lat, lat_scale, lat_zero, kres, ksc, vres, vsc = (
         t.flatten(0, 1) for t in (fmt.ranks, fmt.basis, fmt.basis_scale, fmt.latent, fmt.latent_scale,
                                   fmt.latent_zero, fmt.k_resid, fmt.k_rscale, fmt.v_resid, fmt.v_rscale))
     kz, vz = (fmt.k_rzero.flatten(0, 1), fmt.v_rzero.flatten(0, 1)) if uniform else (ksc, ksc)
-    assert vsc.stride() == ksc.stride()
+    assert vsc.stride() == ksc.stride() and kz.stride() == ksc.stride() and vz.stride() == ksc.stride()
     cfg = get_config("alrkvd_compress", f"head_dim={D},block_size={T}", dev, _DEFAULT)
     _alrkvd_compress_kernel[(n, 2 * H)](
         k, v, rows, ranks, basis, basis_scale, rot if rot is not None else search,
@@ -292,10 +295,10 @@ def alrkvd_compress(fmt, layer, block_ids, k: torch.Tensor, v: torch.Tensor, sta
         vres, vsc, vz,
         k.stride(0), k.stride(1), k.stride(2),
         ranks.stride(0), basis.stride(0), basis.stride(1),
-        basis_scale.stride(0), lat.stride(0), lat.stride(1),
+        basis_scale.stride(0), lat.stride(0), lat.stride(1), lat.stride(2),
         kres.stride(0), kres.stride(1), kres.stride(2),
         vres.stride(0), vres.stride(1), vres.stride(2),
-        ksc.stride(0), ksc.stride(1), ksc.stride(2),
+        ksc.stride(0), ksc.stride(1), ksc.stride(2), ksc.stride(3),
         cos.stride(0) if post else 0,
         NUM_KV_HEADS=H, T=T, D=D, TC=min(32, T),
         BLOCK_R=max(16, triton.next_power_of_2(o["rank_max"])), BLOCK_S=triton.next_power_of_2(2 * H),

@@ -182,11 +182,12 @@ def _decode_reduce_stage2(
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
-def default_num_splits(batch: int, num_kv_heads: int, max_len: int, device: torch.device) -> int:
-    """Splits per sequence: enough programs for about four waves, each split >= MIN_TOKENS_PER_SPLIT.
+def default_num_splits(batch: int, num_kv_heads: int, max_len: int, device: torch.device,
+                       min_tokens: int = MIN_TOKENS_PER_SPLIT) -> int:
+    """Splits per sequence: enough programs for about four waves, each split >= min_tokens.
     Depends on shapes only (max_len = block-table width x block size), so no host sync."""
     want = triton.cdiv(4 * num_sms(device), batch * num_kv_heads)
-    most = max(1, min(MAX_SPLITS, max_len // MIN_TOKENS_PER_SPLIT))
+    most = max(1, min(MAX_SPLITS, max_len // min_tokens))
     return max(1, min(want, most))
 
 

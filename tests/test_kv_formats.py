@@ -46,15 +46,16 @@ def test_pack_roundtrip(bits):
 
 
 def test_pack_layout_is_documented_one():
-    # 2 bits: value j in byte j // 4 at bit (j % 4) * 2
+    # 2 bits, 8 values in 2 bytes: value j in byte j % 2 at bit (j // 2) * 2
     c = torch.tensor([[1, 2, 3, 0, 3, 3, 3, 3]])
-    assert pack_bits(c, 2).tolist() == [[1 | 2 << 2 | 3 << 4, 255]]
-    # 3 bits = a 2-bit plane (low bits) then a 1-bit plane (bit 2)
+    assert pack_bits(c, 2).tolist() == [[1 | 3 << 2 | 3 << 4 | 3 << 6, 2 | 0 << 2 | 3 << 4 | 3 << 6]]
+    # 3 bits = a 2-bit plane (low bits) then a 1-bit plane (bit 2, all 8 values in one byte)
     c = torch.tensor([[7, 0, 4, 1, 2, 3, 5, 6]])
     p = pack_bits(c, 3)[0].tolist()
     low = [x & 3 for x in c[0].tolist()]
     high = [x >> 2 for x in c[0].tolist()]
-    assert p[0] == low[0] | low[1] << 2 | low[2] << 4 | low[3] << 6
+    assert p[0] == low[0] | low[2] << 2 | low[4] << 4 | low[6] << 6
+    assert p[1] == low[1] | low[3] << 2 | low[5] << 4 | low[7] << 6
     assert p[2] == sum(h << i for i, h in enumerate(high))
 
 
