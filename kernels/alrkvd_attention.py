@@ -33,8 +33,8 @@ num_splits takes the window), per tile of BLOCK_N tokens of a closed block:
     values: p @ latents (accumulated in latent space), up-projected by the tile's basis, plus
             (p * rscale) @ codes + p . rzero, accumulated run by run (output columns of run r in acc{r}).
 Codes become fp16 without an int-to-float conversion: the bits of run r masked in place and OR-ed with
-0x6400 read as the fp16 1024 + code * 2^(r * bits); the 1024 and the power of two come off after each
-fp32 dot. Stage 2 is `kernels.paged_attention.decode_reduce` (shared with every format).
+0x6400 read as the fp16 1024 + code * 2^(r * bits), less 1024 exactly; the power of two comes off after
+each fp32 dot. Stage 2 is `kernels.paged_attention.decode_reduce` (shared with every format).
 
 Public: `KERNEL_OPTIONS`, `kernel_options`, `AlrkvdLayer` (the per-layer views), `alrkvd_decode_attention`,
 `alrkvd_decode_attention_ref`. Nothing runs at import.
@@ -127,11 +127,11 @@ class AlrkvdLayer:
 @triton.jit
 def _code_runs(b, BITS: tl.constexpr):
     """The 8 // BITS runs of packed residual bytes b [n, NB] (uint8), each [n, NB] fp16 holding
-    1024 + code * 2^(RUN * BITS). backend.kv_formats.pack_bits puts value j of a row in byte j % NB at bit
+    code * 2^(RUN * BITS). backend.kv_formats.pack_bits puts value j of a row in byte j % NB at bit
     (j // NB) * BITS, so the codes at bit RUN * BITS of every byte are the row's columns RUN * NB ..
     RUN * NB + NB - 1, in order: one mask per byte, no shift and no interleave. Masked in place and OR-ed
     with 0x6400 the bits read as the fp16 1024 + code * 2^(RUN * BITS), without an int-to-float conversion;
-    the caller takes the 1024 and the power of two off after its dot, where the sum is fp32."""
+    taking 1024 off is exact in fp16. The caller takes the power of two off after its dot."""
     x = b.to(tl.int16)
     if BITS == 2:
         return (_fp16_bits(x & 3), _fp16_bits(x & 12), _fp16_bits(x & 48), _fp16_bits(x & 192))
@@ -143,7 +143,7 @@ def _code_runs(b, BITS: tl.constexpr):
 
 @triton.jit
 def _fp16_bits(x):
-    return (x | 0x6400).to(tl.float16, bitcast=True)
+    return (x | 0x6400).to(tl.float16, bitcast=True) - 1024.0
 
 
 @triton.jit
@@ -275,17 +275,7 @@ def _alrkvd_decode_stage1(
         if PK == 4:
             qk2 = tl.load(q_row + 2 * NK + offs_kc[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16)
             qk3 = tl.load(q_row + 3 * NK + offs_kc[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16)
-        # sums of the fp16 query runs the dots read (each code's 1024 comes off as 1024 x these)
-        qs0 = tl.sum(qk0.to(tl.float32), 1)[:, None]
-        q_sum = qs0
-        if PK >= 2:
-            qs1 = tl.sum(qk1.to(tl.float32), 1)[:, None]
-            q_sum += qs1
-        if PK == 4:
-            qs2 = tl.sum(qk2.to(tl.float32), 1)[:, None]
-            qs3 = tl.sum(qk3.to(tl.float32), 1)[:, None]
-            q_sum += qs2 + qs3
-        q_sum = tl.reshape(q_sum, [BLOCK_G])
+        q_sum = tl.sum(q1.to(tl.float32), 1) + tl.sum(q2.to(tl.float32), 1)
         acc0 = tl.zeros([BLOCK_G, NV], dtype=tl.float32)
         if PV >= 2:
             acc1 = tl.zeros([BLOCK_G, NV], dtype=tl.float32)
@@ -329,15 +319,14 @@ def _alrkvd_decode_stage1(
             lk = lk.to(tl.float16)
             k1, k2 = _rope(tl.dot(lk, b1.to(tl.float16)), tl.dot(lk, b2.to(tl.float16)), cos_j, sin_j)
             # -- key residual, codes * rscale + rzero per token: q . e = rscale (q . codes) + rzero sum(q); run r
-            #    of the codes arrives as 1024 + code * 2^(r K_BITS), taken off the run's fp32 dot
+            #    of the codes arrives as code * 2^(r K_BITS), the power of two taken off the run's fp32 dot
             kc = _code_runs(tl.load(K_resid + block * stride_krn + kvh64 * stride_krh + rows[:, None] * stride_krt
                                     + offs_kc[None, :]), K_BITS)
-            s_res = tl.dot(qk0, tl.trans(kc[0])) - 1024.0 * qs0
+            s_res = tl.dot(qk0, tl.trans(kc[0]))
             if PK >= 2:
-                s_res += (tl.dot(qk1, tl.trans(kc[1])) - 1024.0 * qs1) * (1.0 / (1 << K_BITS))
+                s_res += tl.dot(qk1, tl.trans(kc[1])) * (1.0 / (1 << K_BITS))
             if PK == 4:
-                s_res += (tl.dot(qk2, tl.trans(kc[2])) - 1024.0 * qs2) * (1.0 / 16) \
-                    + (tl.dot(qk3, tl.trans(kc[3])) - 1024.0 * qs3) * (1.0 / 64)
+                s_res += tl.dot(qk2, tl.trans(kc[2])) * (1.0 / 16) + tl.dot(qk3, tl.trans(kc[3])) * (1.0 / 64)
             ks_off = block * stride_ksn + kvh64 * stride_ksh + rows * stride_kst
             s = tl.dot(q1, tl.trans(k1.to(tl.float16))) + tl.dot(q2, tl.trans(k2.to(tl.float16))) \
                 + s_res * tl.load(K_rscale + ks_off).to(tl.float32)[None, :] \
@@ -346,7 +335,7 @@ def _alrkvd_decode_stage1(
             p16 = p.to(tl.float16)
 
             # -- values: p @ latents, up-projected run by run by the block's basis, + (p * rscale) @ codes +
-            #    p . rzero; the 1024 in each code comes off with the same fp16 weights the dot read
+            #    p . rzero
             lv_s = tl.load(Latent_scale + sc_blk + off_v + offs_r, mask=mv, other=0.0).to(tl.float32)[None, :]
             lv_z = tl.load(Latent_zero + sc_blk + off_v + offs_r, mask=mv, other=0.0).to(tl.float32)[None, :]
             lv = _load_2d(lat_blk + off_v * stride_lr, rows, offs_r, all_n, mv, stride_lt, stride_lr)
@@ -356,23 +345,22 @@ def _alrkvd_decode_stage1(
             bv_blk = basis_blk + off_v * stride_br
             vs_off = block * stride_vsn + kvh64 * stride_vsh + rows * stride_vst
             ps = (p * tl.load(V_rscale + vs_off).to(tl.float32)[None, :]).to(tl.float16)
-            ps_1024 = 1024.0 * tl.sum(ps.to(tl.float32), 1)[:, None]  # the codes' 1024, with the weights the dot reads
             p_zero = tl.sum(p * tl.load(V_rzero + vs_off).to(tl.float32)[None, :], 1)[:, None]
             vc = _code_runs(tl.load(V_resid + block * stride_vrn + kvh64 * stride_vrh + rows[:, None] * stride_vrt
                                     + offs_vc[None, :]), V_BITS)
             bv = _load_2d(bv_blk, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1) * bv_s
-            acc0 = acc0 * alpha[:, None] + (tl.dot(ps, vc[0]) - ps_1024) + p_zero \
+            acc0 = acc0 * alpha[:, None] + tl.dot(ps, vc[0]) + p_zero \
                 + tl.dot(p_lat, bv.to(tl.float16))
             if PV >= 2:
                 bv = _load_2d(bv_blk + NV, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1) * bv_s
-                acc1 = acc1 * alpha[:, None] + (tl.dot(ps, vc[1]) - ps_1024) * (1.0 / (1 << V_BITS)) + p_zero \
+                acc1 = acc1 * alpha[:, None] + tl.dot(ps, vc[1]) * (1.0 / (1 << V_BITS)) + p_zero \
                     + tl.dot(p_lat, bv.to(tl.float16))
             if PV == 4:
                 bv = _load_2d(bv_blk + 2 * NV, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1) * bv_s
-                acc2 = acc2 * alpha[:, None] + (tl.dot(ps, vc[2]) - ps_1024) * (1.0 / 16) + p_zero \
+                acc2 = acc2 * alpha[:, None] + tl.dot(ps, vc[2]) * (1.0 / 16) + p_zero \
                     + tl.dot(p_lat, bv.to(tl.float16))
                 bv = _load_2d(bv_blk + 3 * NV, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1) * bv_s
-                acc3 = acc3 * alpha[:, None] + (tl.dot(ps, vc[3]) - ps_1024) * (1.0 / 64) + p_zero \
+                acc3 = acc3 * alpha[:, None] + tl.dot(ps, vc[3]) * (1.0 / 64) + p_zero \
                     + tl.dot(p_lat, bv.to(tl.float16))
 
         # output columns RUN * NV .. RUN * NV + NV - 1 are acc{RUN}
