@@ -421,6 +421,19 @@ def test_accounting_equals_allocation(name, opts):
             assert id(val) in listed, attr
 
 
+def test_alrkvd_storage_is_laid_out_for_the_decode_kernel():
+    # the kernel reads a stream's latents and a head's residual scales as runs of contiguous tokens; the
+    # logical shapes stay [T, R] and [T, H, G], and each tensor is dense (no byte allocated twice or unused)
+    fmt = make_format("alrkvd", L, H, D, torch.float16, "cpu", 3, block_size=32, codebook="uniform", group=32)
+    T, G = fmt.block_size, D // 32
+    assert fmt.latent.shape[2:] == (T, fmt.options["rank_budget"]) and fmt.latent.stride()[2] == 1
+    for name in ("k_rscale", "k_rzero", "v_rscale", "v_rzero"):
+        t = getattr(fmt, name)
+        assert t.shape[2:] == (T, H, G) and t.stride()[2:] == (1, G * T, T), name
+    for t in fmt.tensors():
+        assert t.is_contiguous() or t.permute(*sorted(range(t.dim()), key=lambda i: -t.stride(i))).is_contiguous()
+
+
 # ---------------------------------------------------------------------------------------------------
 # segments are independent: a new basis for a new block never changes older blocks
 # ---------------------------------------------------------------------------------------------------
