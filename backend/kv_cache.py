@@ -100,24 +100,32 @@ class PagedKVCache:
         self.compress_stream = None  # side CUDA stream for the blocks decode steps fill (None: inline)
         self._filled = []            # blocks this decode step filled, compressed at commit
         self._compressing = None     # the event of the side stream's last compression
-        self.alrkvd_layers = self._alrkvd_kernel_views(cfg.num_layers) if kv_format == "alrkvd" else None
+        self.kernel_layers = self._kernel_views(kv_format, cfg.num_layers)
         if str(device).startswith("cuda") and attention_backend != "torch":
             if kv_format in ("full", "fp16"):
                 from kernels.paged_attention import paged_decode_attention
                 self.decode_kernel = paged_decode_attention
-            elif self.alrkvd_layers is not None:
+            elif self.kernel_layers is not None and kv_format == "alrkvd":
                 from kernels.alrkvd_attention import alrkvd_decode_attention
                 self.decode_kernel = alrkvd_decode_attention
                 self.compress = self._compress_kernel
                 if compress_stream:  # blocks filled by decode steps: compressed behind the attention
                     self.compress_stream = torch.cuda.Stream(device)
+            elif self.kernel_layers is not None:
+                from kernels.kivi_attention import kivi_decode_attention
+                self.decode_kernel = kivi_decode_attention
 
-    def _alrkvd_kernel_views(self, num_layers: int):
-        """Per-layer views of the ALR-KVD storage for its decode kernel, or None when these options
-        are outside what the kernel reads (kernels/alrkvd_attention.py)."""
-        from kernels.alrkvd_attention import AlrkvdLayer
+    def _kernel_views(self, kv_format: str, num_layers: int):
+        """Per-layer views of a windowed format's storage for its decode kernel (kernels/alrkvd_attention.py,
+        kernels/kivi_attention.py), or None: no kernel for the format, or options outside what it reads."""
+        if kv_format == "alrkvd":
+            from kernels.alrkvd_attention import AlrkvdLayer as View
+        elif kv_format.startswith("kivi"):
+            from kernels.kivi_attention import KiviLayer as View
+        else:
+            return None
         try:
-            return [AlrkvdLayer.from_format(self.format, i) for i in range(num_layers)]
+            return [View.from_format(self.format, i) for i in range(num_layers)]
         except NotImplementedError:
             return None
 
@@ -283,15 +291,15 @@ class PagedKVCache:
         (the fused Triton kernels on CUDA; gather + masked SDPA elsewhere)."""
         meta = batch.decode_meta = batch.decode_meta or self._decode_meta(batch)
         scale = q.shape[-1] ** -0.5
-        if self.windowed:  # the ALR-KVD kernel: every new token into its window slot, then attend; the
+        if self.windowed:  # ALR-KVD or KIVI kernel: every new token into its window slot, then attend; the
             # blocks this step fills are read from the window and compressed at commit (all layers at once)
             self._wait_compressed()
             slots, offsets = meta["window_index"]
             self.window_k[layer, slots, offsets] = k_store
             self.window_v[layer, slots, offsets] = v
-            out = self.decode_kernel(q, self.alrkvd_layers[layer], self.window_k[layer], self.window_v[layer],
-                                     meta["tables"], meta["seq_lens"], meta["window_slots"], self.rotary.cos,
-                                     self.rotary.sin, scale)
+            rope = (self.rotary.cos, self.rotary.sin) if self.rope_on_read else ()  # keys kept before RoPE
+            out = self.decode_kernel(q, self.kernel_layers[layer], self.window_k[layer], self.window_v[layer],
+                                     meta["tables"], meta["seq_lens"], meta["window_slots"], *rope, scale)
             for i in meta["closing"]:
                 seq = batch.seqs[i]
                 start = seq.num_tokens + 1 - self.block_size

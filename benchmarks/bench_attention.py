@@ -7,6 +7,7 @@ For each batch B and context L (32 query / 8 kv heads, head_dim 128, one query t
   alrkvd-*    kernels.alrkvd_attention over a synthetic ALR-KVD cache in the layout it reads (block 128,
               2-bit uniform residual with one fp16 scale and zero per token and head, 8-bit latents and
               basis): per-head ranks 16, 32, 64 and a mixed allocation
+  kivi2/4     kernels.kivi_attention over a synthetic KIVI cache (block 128, groups of 32, 2 or 4 bits)
 Each row gives the time, the bytes the method must read (K/V, or every byte of the compressed blocks),
 the bandwidth achieved and its fraction of the device-to-device copy bandwidth measured in this run.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import os
@@ -43,6 +45,7 @@ import triton  # noqa: E402
 
 import kernels.alrkvd_attention as alrkvd_mod  # noqa: E402
 import kernels.paged_attention as paged_mod  # noqa: E402
+from kernels.kivi_attention import KiviLayer, kivi_decode_attention, kivi_decode_attention_ref  # noqa: E402
 from kernels.alrkvd_attention import AlrkvdLayer, alrkvd_decode_attention, alrkvd_decode_attention_ref  # noqa: E402
 from kernels.paged_attention import paged_decode_attention  # noqa: E402
 
@@ -55,6 +58,7 @@ VARIANTS = {
     "alrkvd-r64": ([64] * 8, [64] * 8),
     "alrkvd-mixed": ([8, 16, 24, 32, 32, 40, 48, 56], [56, 48, 40, 32, 32, 24, 16, 8]),
 }
+KIVI_VARIANTS = {"kivi2": 2, "kivi4": 4}  # KIVI (kernels/kivi_attention.py) at these bits
 
 
 # ------------------------------------------------------------------------------------------------
@@ -133,16 +137,36 @@ def make_alrkvd(batch, length, num_kv_heads, head_dim, block, ranks_k, ranks_v, 
                      (fmt.latent_zero, -1.0), (fmt.k_rscale, 0.1), (fmt.k_rzero, -0.15), (fmt.v_rscale, 0.1),
                      (fmt.v_rzero, -0.15)):
         t.fill_(value)
-    layer = AlrkvdLayer.from_format(fmt, 0)
-    per_block = fmt.bytes_per_block()
+    kwargs = _windowed_inputs(AlrkvdLayer.from_format(fmt, 0), batch, length, device, gen)
+    return dict(kwargs, **vars(rope_tables(D, length, 1e6, device))), nb * fmt.bytes_per_block()
+
+
+def make_kivi(batch, length, num_kv_heads, head_dim, block, bits, device, gen):
+    """A synthetic KIVI layer (random codes, backend.kv_formats.KIVIFormat's layout) holding `batch` sequences
+    of `length` tokens in closed blocks. Returns (kwargs of the kernel, bytes read)."""
+    from backend.kv_formats import make_format
+    assert length % block == 0
+    nb = batch * length // block
+    fmt = make_format(f"kivi{bits}", 1, num_kv_heads, head_dim, torch.float16, device, num_blocks=nb,
+                      block_size=block)
+    for t in (fmt.k_codes, fmt.v_codes):
+        t.random_(0, 256)
+    for t, value in ((fmt.k_scale, 0.1), (fmt.k_zero, -0.15), (fmt.v_scale, 0.1), (fmt.v_zero, -0.15)):
+        t.fill_(value)
+    return _windowed_inputs(KiviLayer.from_format(fmt, 0), batch, length, device, gen), nb * fmt.bytes_per_block()
+
+
+def _windowed_inputs(layer, batch, length, device, gen) -> dict:
+    """A windowed kernel's inputs: `batch` sequences of `length` tokens at random blocks of `layer`, their
+    last block in an (empty) window slot, as the cache leaves a full last block."""
+    T, H, D = layer.block_size, layer.num_kv_heads, layer.head_dim
+    nb = batch * length // T
     perm = torch.randperm(nb, generator=gen).int()
     block_tables = torch.cat([perm.view(batch, -1), torch.zeros(batch, 1, dtype=torch.int32)], 1)
     window = torch.zeros(batch + 1, T, H, D, dtype=torch.float16, device=device)
-    kwargs = dict(cache=layer, window_k=window, window_v=window.clone(), block_tables=block_tables.to(device),
-                  seq_lens=torch.full((batch,), length, dtype=torch.int32, device=device),
-                  window_slots=torch.arange(batch, dtype=torch.int32, device=device),
-                  **vars(rope_tables(D, length, 1e6, device)))
-    return kwargs, nb * per_block
+    return dict(cache=layer, window_k=window, window_v=window.clone(), block_tables=block_tables.to(device),
+                seq_lens=torch.full((batch,), length, dtype=torch.int32, device=device),
+                window_slots=torch.arange(batch, dtype=torch.int32, device=device))
 
 
 def make_paged_fp16(k, v, block, gen):
@@ -224,23 +248,27 @@ def bench_config(batch, length, variants, args, device, copy_bw, gen):
     if device == "cuda":
         torch.cuda.empty_cache()
 
-    # -- ALR-KVD
+    # -- ALR-KVD and KIVI
     for name in variants:
-        ranks_k, ranks_v = VARIANTS[name]
+        if name in KIVI_VARIANTS:
+            make = functools.partial(make_kivi, batch, length, Hkv, D, args.block, KIVI_VARIANTS[name], device, gen)
+            kernel, kernel_ref = kivi_decode_attention, kivi_decode_attention_ref
+        else:
+            make = functools.partial(make_alrkvd, batch, length, Hkv, D, args.block, *VARIANTS[name], device, gen)
+            kernel, kernel_ref = alrkvd_decode_attention, alrkvd_decode_attention_ref
         try:
             q = torch.randn(batch, Hq, D, device=device, dtype=torch.float16)
-            first, nbytes = make_alrkvd(batch, length, Hkv, D, args.block, ranks_k, ranks_v, device, gen)
-            layers = [first] + [make_alrkvd(batch, length, Hkv, D, args.block, ranks_k, ranks_v, device, gen)[0]
-                                for _ in range(num_copies(nbytes, device) - 1)]
+            first, nbytes = make()
+            layers = [first] + [make()[0] for _ in range(num_copies(nbytes, device) - 1)]
             extra = {}
             if args.check and batch * length <= args.check_tokens:
-                out = alrkvd_decode_attention(q, scale=scale, **first).float()
-                ref = alrkvd_decode_attention_ref(q, scale=scale, **first).float()
-                ref16 = alrkvd_decode_attention_ref(q, scale=scale, kv_dtype=torch.float16, **first).float()
+                out = kernel(q, scale=scale, **first).float()
+                ref = kernel_ref(q, scale=scale, **first).float()
+                ref16 = kernel_ref(q, scale=scale, kv_dtype=torch.float16, **first).float()
                 err, e16 = (out - ref).abs().max().item(), (ref16 - ref).abs().max().item()
                 extra = dict(max_err_vs_ref=err, fp16_rounding_err=e16,
                              check_ok=err <= 2 * e16 + 2e-3 * max(1.0, ref.abs().max().item()))
-            calls = [lambda kw=kw: alrkvd_decode_attention(q, scale=scale, **kw) for kw in layers]
+            calls = [lambda kw=kw: kernel(q, scale=scale, **kw) for kw in layers]
             record(name, time_calls(calls, device), nbytes, **extra)
             del layers, calls, first
         except Exception as exc:  # noqa: BLE001
@@ -340,7 +368,8 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true", help="tiny shapes (CPU under TRITON_INTERPRET=1 in CI)")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--lengths", type=int, nargs="+", default=[4096, 32768, 131072])
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS) + list(KIVI_VARIANTS),
+                   choices=list(VARIANTS) + list(KIVI_VARIANTS))
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="skip the ALR-KVD check against the PyTorch reference on the small configs")
     p.add_argument("--check-tokens", type=int, default=8192, help="check configs with B*L up to this")
@@ -355,7 +384,7 @@ def parse_args(argv=None):
     if args.smoke:
         args.batches, args.lengths = [2], [192]
         args.num_q_heads, args.num_kv_heads, args.head_dim, args.block = 8, 2, 64, 64  # block >= the mixed ranks
-        args.variants = ["alrkvd-r16", "alrkvd-mixed"]
+        args.variants = ["alrkvd-r16", "alrkvd-mixed", "kivi4"]
     return args
 
 

@@ -18,7 +18,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels import alrkvd_attention, alrkvd_compress, paged_attention
+from kernels import alrkvd_attention, alrkvd_compress, kivi_attention, paged_attention
 
 
 def _usage(compiled) -> str:
@@ -68,8 +68,16 @@ def main() -> None:
          set(), dict(BLOCK_P=16, HEAD_DIM=128, BLOCK_D=128), dict(num_warps=1)),
     ] + [
         (f"alrkvd stage 1 (rank<={r})", alrkvd_attention._alrkvd_decode_stage1, alr_ptrs, {"qk_scale"},
-         dict(alr_common, BLOCK_N=cfg["BLOCK_N"], BLOCK_R=r), {k: v for k, v in cfg.items() if k != "BLOCK_N"})
+         dict(alr_common, BLOCK_N=cfg["BLOCK_N"], BLOCK_R=r),
+         {k: v for k, v in cfg.items() if k not in ("BLOCK_N", "MIN_TOKENS_PER_SPLIT")})
         for r in (16, 64)
+    ] + [
+        ("kivi stage 1 (2 bits, D=128, G=4)", kivi_attention._kivi_decode_stage1,
+         dict(Q="fp16", Block_tables="i32", Seq_lens="i32", Window_slots="i32", Window_k="fp16", Window_v="fp16",
+              K_codes="u8", K_scale="fp16", K_zero="fp16", V_codes="u8", V_scale="fp16", V_zero="fp16",
+              Mid_o="fp32", Mid_lse="fp32"), {"qk_scale"},
+         dict(GROUP_Q=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_SIZE=128, BITS=2),
+         {k: v for k, v in kivi_attention._DEFAULT_STAGE1.items() if k != "MIN_TOKENS_PER_SPLIT"}),
     ] + [
         ("alrkvd compress (T=128, D=128)", alrkvd_compress._alrkvd_compress_kernel, comp_ptrs, set(),
          dict(NUM_KV_HEADS=8, T=128, D=128, TC=32, BLOCK_R=64, BLOCK_S=16, K_BITS=2, V_BITS=2, GROUP=64, UNIFORM=False,

@@ -175,7 +175,7 @@ def test_alrkvd_decode_kernel_glue():
     PyTorch reference stands in for the Triton kernel."""
     from kernels.alrkvd_attention import alrkvd_decode_attention_ref, kernel_options
     engine = LLMEngine(EngineArgs(model="default", kv_format="alrkvd", kv_options=kernel_options(64), max_num_seqs=4))
-    assert engine.cache.alrkvd_layers is not None and engine.cache.decode_kernel is None  # CPU: PyTorch path
+    assert engine.cache.kernel_layers is not None and engine.cache.decode_kernel is None  # CPU: PyTorch path
     prompts = [PROMPTS[3] * 6, PROMPTS[1] * 3]
     lengths = [len(engine.tokenizer.encode(p)) for p in prompts]
     assert lengths[0] < 128 < lengths[0] + 20 and lengths[1] < 128  # one decode crosses a block border
@@ -192,6 +192,22 @@ def test_alrkvd_decode_kernel_glue():
     got = [o.token_ids for o in engine.generate(prompts, params)]
     assert got == expected
     assert list(range(engine.cfg.num_layers)) in calls  # one call held the block of all 30 layers
+    assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
+
+
+def test_kivi_decode_kernel_glue():
+    """The CUDA decode path of KIVI (new tokens into their window slots, the kernel over closed blocks + window,
+    a block filled by a decode step quantized at commit) gives the PyTorch path's tokens; on CPU the kernel's
+    PyTorch reference stands in for the Triton kernel."""
+    from kernels.kivi_attention import kivi_decode_attention_ref
+    engine = LLMEngine(EngineArgs(model="default", kv_format="kivi4", max_num_seqs=4))
+    assert engine.cache.kernel_layers is not None and engine.cache.decode_kernel is None  # CPU: PyTorch path
+    prompts = [PROMPTS[3] * 6, PROMPTS[1] * 3]  # as above: one decode crosses the 128-token block border
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    expected = [o.token_ids for o in engine.generate(prompts, params)]
+    engine.cache.decode_kernel = kivi_decode_attention_ref
+    got = [o.token_ids for o in engine.generate(prompts, params)]
+    assert got == expected
     assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
 
 

@@ -19,6 +19,6 @@ def test_bench_attention_smoke(tmp_path):
     assert bench.main(["--smoke", "--no-tune", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     methods = {row["method"] for row in result["rows"]}
-    assert {"sdpa", "paged-fp16", "alrkvd-mixed", "alrkvd-r16"} <= methods
+    assert {"sdpa", "paged-fp16", "alrkvd-mixed", "alrkvd-r16", "kivi4"} <= methods
     assert all("error" not in row and row.get("check_ok", True) for row in result["rows"])
     assert result["meta"]["copy_GBps"] > 0 and result["meta"]["torch"] and result["meta"]["triton"]
