@@ -189,13 +189,12 @@ def _kivi_decode_stage1(
             rows = tok + offs_n
             vp = V_codes + block * stride_vn + kvh64 * stride_vh
             vs = block * stride_vsn + kvh64 * stride_vsh
-            acc0 = _value_group(acc0, alpha, p, vp, V_scale + vs, V_zero + vs, rows, 0, stride_vt, stride_vst, BITS, NBV)
-            acc1 = _value_group(acc1, alpha, p, vp, V_scale + vs, V_zero + vs, rows, 1, stride_vt, stride_vst, BITS, NBV)
+            sp, zp = V_scale + vs, V_zero + vs
+            acc0 = _value_group(acc0, alpha, p, vp, sp, zp, rows, 0, stride_vt, stride_vst, BITS, NBV)
+            acc1 = _value_group(acc1, alpha, p, vp, sp, zp, rows, 1, stride_vt, stride_vst, BITS, NBV)
             if HEAD_DIM == 128:
-                acc2 = _value_group(acc2, alpha, p, vp, V_scale + vs, V_zero + vs, rows, 2, stride_vt, stride_vst,
-                                    BITS, NBV)
-                acc3 = _value_group(acc3, alpha, p, vp, V_scale + vs, V_zero + vs, rows, 3, stride_vt, stride_vst,
-                                    BITS, NBV)
+                acc2 = _value_group(acc2, alpha, p, vp, sp, zp, rows, 2, stride_vt, stride_vst, BITS, NBV)
+                acc3 = _value_group(acc3, alpha, p, vp, sp, zp, rows, 3, stride_vt, stride_vst, BITS, NBV)
         all_c = offs_n < 32
         store_partial(o_row, lse_row, acc0, m_i, l_i, heads, offs_n, mask_g, all_c, stride_moh, stride_mlh)
         store_partial(o_row, lse_row, acc1, m_i, l_i, heads, 32 + offs_n, mask_g, all_c, stride_moh, stride_mlh)
