@@ -492,15 +492,23 @@ class KIVIFormat(KVFormat):
 
     def decode(self, layer, block_ids):
         ids = self._ids(block_ids, self.device)
-        n = ids.numel()
-        T, H, D = self.block_size, self.num_kv_heads, self.head_dim
-        b, g = self.options["bits"], self.options["group"]
-        q = unpack_bits(self.k_codes[layer, ids], b, T).reshape(n, H, D, T // g, g)
-        k = dequant_asym(q, self.k_scale[layer, ids][..., None], self.k_zero[layer, ids][..., None])
+        k, v = self.dequantize(*(getattr(self, name)[layer, ids] for name in
+                                 ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero")),
+                               self.options["bits"], self.options["group"])
+        return k.to(self.dtype), v.to(self.dtype)
+
+    @staticmethod
+    def dequantize(k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, bits: int, group: int):
+        """Keys and values [n * T, H, D] of n blocks' storage (each tensor [n, ...] as allocated); also the
+        reference of the KIVI decode kernel (kernels/kivi_attention.py)."""
+        n, H, D = k_codes.shape[:3]
+        T = v_codes.shape[1]
+        q = unpack_bits(k_codes, bits, T).reshape(n, H, D, T // group, group)
+        k = dequant_asym(q, k_scale[..., None], k_zero[..., None])
         k = k.reshape(n, H, D, T).permute(0, 3, 1, 2).reshape(n * T, H, D)
-        q = unpack_bits(self.v_codes[layer, ids], b, D).reshape(n, T, H, D // g, g)
-        v = dequant_asym(q, self.v_scale[layer, ids][..., None], self.v_zero[layer, ids][..., None])
-        return k.to(self.dtype), v.reshape(n * T, H, D).to(self.dtype)
+        q = unpack_bits(v_codes, bits, D).reshape(n, T, H, D // group, group)
+        v = dequant_asym(q, v_scale[..., None], v_zero[..., None])
+        return k, v.reshape(n * T, H, D)
 
 
 def _kivi(bits: int):

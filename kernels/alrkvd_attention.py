@@ -49,8 +49,7 @@ import triton.language as tl
 
 from kernels.paged_attention import (
     LOG2E, MIN_TOKENS_PER_SPLIT, _group_block, attend_ref, check_decode_inputs, decode_reduce, default_num_splits,
-    softmax_update,
-    store_partial,
+    fp16_code, softmax_update, store_partial,
 )
 from kernels.tuning import get_config
 
@@ -134,16 +133,11 @@ def _code_runs(b, BITS: tl.constexpr):
     taking 1024 off is exact in fp16. The caller takes the power of two off after its dot."""
     x = b.to(tl.int16)
     if BITS == 2:
-        return (_fp16_bits(x & 3), _fp16_bits(x & 12), _fp16_bits(x & 48), _fp16_bits(x & 192))
+        return (fp16_code(x & 3), fp16_code(x & 12), fp16_code(x & 48), fp16_code(x & 192))
     elif BITS == 4:
-        return (_fp16_bits(x & 15), _fp16_bits(x & 240))
+        return (fp16_code(x & 15), fp16_code(x & 240))
     else:
-        return (_fp16_bits(x),)
-
-
-@triton.jit
-def _fp16_bits(x):
-    return (x | 0x6400).to(tl.float16, bitcast=True) - 1024.0
+        return (fp16_code(x),)
 
 
 @triton.jit

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from kernels.paged_attention import (
     LOG2E, MIN_TOKENS_PER_SPLIT, _group_block, attend_ref, check_decode_inputs, decode_reduce, default_num_splits,
-    softmax_update, store_partial,
+    fp16_code, softmax_update, store_partial,
 )
 from kernels.tuning import get_config
 
@@ -85,8 +85,7 @@ class KiviLayer:
 def _codes(Ptr, rows, cols, stride_row, shift, BITS: tl.constexpr):
     """fp16 codes of one run: bits shift..shift+BITS of the bytes at rows x cols (1024 + code, less 1024)."""
     b = tl.load(Ptr + rows[:, None] * stride_row + cols[None, :]).to(tl.int16)
-    c = ((b >> shift) & ((1 << BITS) - 1)).to(tl.int16)  # a runtime shift widens to int32
-    return (c | 0x6400).to(tl.float16, bitcast=True) - 1024.0
+    return fp16_code(((b >> shift) & ((1 << BITS) - 1)).to(tl.int16))  # a runtime shift widens to int32
 
 
 @triton.jit
@@ -258,21 +257,17 @@ def kivi_decode_attention(
 def kivi_decode_attention_ref(q, cache: KiviLayer, window_k, window_v, block_tables, seq_lens, window_slots,
                               scale: float, num_splits: int | None = None, kv_dtype: torch.dtype | None = None):
     """The contract of `kivi_decode_attention` in fp32 PyTorch: the format's own dequantization of the closed
-    blocks (backend.kv_formats.dequant_asym), then the window, then attention. `kv_dtype` rounds keys and values
-    to that dtype first (what the kernel's fp16 dot operands do), for error budgets in tests."""
-    from backend.kv_formats import dequant_asym, unpack_bits
+    blocks (backend.kv_formats.KIVIFormat.dequantize), then the window, then attention. `kv_dtype` rounds keys
+    and values to that dtype first (what the kernel's fp16 dot operands do), for error budgets in tests."""
+    from backend.kv_formats import KIVIFormat
     out = torch.empty_like(q)
-    T, H, D, b = cache.block_size, cache.num_kv_heads, cache.head_dim, cache.bits
+    T = cache.block_size
     for i, seq_len in enumerate(seq_lens.tolist()):
         n_closed = max(seq_len - 1, 0) // T
         ids = block_tables[i, :n_closed].long()
-        n = ids.numel()
-        kq = unpack_bits(cache.k_codes[ids], b, T).reshape(n, H, D, T // GROUP, GROUP)
-        k = dequant_asym(kq, cache.k_scale[ids][..., None].float(), cache.k_zero[ids][..., None].float())
-        k = k.reshape(n, H, D, T).permute(0, 3, 1, 2).reshape(n * T, H, D)
-        vq = unpack_bits(cache.v_codes[ids], b, D).reshape(n, T, H, D // GROUP, GROUP)
-        v = dequant_asym(vq, cache.v_scale[ids][..., None].float(), cache.v_zero[ids][..., None].float())
-        v = v.reshape(n * T, H, D)
+        k, v = KIVIFormat.dequantize(cache.k_codes[ids], cache.k_scale[ids].float(), cache.k_zero[ids].float(),
+                                     cache.v_codes[ids], cache.v_scale[ids].float(), cache.v_zero[ids].float(),
+                                     cache.bits, GROUP)
         slot, rest = int(window_slots[i]), seq_len - n_closed * T
         k = torch.cat([k.float(), window_k[slot, :rest].float()])
         v = torch.cat([v.float(), window_v[slot, :rest].float()])

@@ -53,6 +53,13 @@ def softmax_update(s, mask_n, m_i, l_i):
 
 
 @triton.jit
+def fp16_code(x):
+    """A low-bit code x (int16, at most 10 bits) as fp16 without an int-to-float conversion: (x | 0x6400) read
+    as fp16 is 1024 + x; taking 1024 off is exact (the compressed formats' decode kernels)."""
+    return (x | 0x6400).to(tl.float16, bitcast=True) - 1024.0
+
+
+@triton.jit
 def store_partial(Mid_o_row, Mid_lse_row, acc, m_i, l_i, heads, offs_d, mask_g, mask_d, stride_moh, stride_mlh):
     """Store a split's normalised partial output and its log2-sum-exp2 (an empty split: 0 and -inf)."""
     nonempty = l_i > 0
