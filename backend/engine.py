@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from backend.cuda_graphs import DecodeGraphs
 from backend.kv_cache import AttentionBatch, PagedKVCache, SeqKV
 from backend.kv_formats import FORMATS
 from backend.loader import load_model
@@ -47,6 +48,7 @@ class EngineArgs:
     attention_backend: str = "auto"    # "auto": Triton decode kernels on CUDA; "torch": reference path
     kv_compress_stream: bool = False   # CUDA: compress the blocks decode steps fill on a side stream (no
                                        # gain measured: the basis solve synchronises; BENCHMARKS.md 2b)
+    enforce_eager: bool = False        # CUDA: no CUDA graphs for decode steps (backend/cuda_graphs.py)
     seed: int = 0
     expert_budget_bytes: int | None = None  # device bytes for routed experts, streamed from host; None: all resident
     expert_prefetch: int = 1           # MoE layers ahead whose experts are prefetched (pre-gating); 0: on demand only
@@ -122,6 +124,9 @@ class LLMEngine:
         self.cache = PagedKVCache(self.cfg, self.model.rotary, kv_format, a.kv_options, budget_bytes, max_num_seqs,
                                   self.model.embed_tokens.weight.dtype, a.device, a.attention_backend,
                                   a.kv_compress_stream)
+        self.graphs = None  # graphs hold the old cache's tensors: captured anew for this one
+        if not a.enforce_eager and DecodeGraphs.supported(self.model, self.cache):
+            self.graphs = DecodeGraphs(self.model, self.cache, max_num_seqs, self.max_model_len)
 
     # ---- requests -----------------------------------------------------------------------
     def tokenize(self, prompt) -> list[int]:
@@ -222,8 +227,10 @@ class LLMEngine:
             positions += range(start, start + n)
             last.append(len(tokens) - 1)
         batch = AttentionBatch([s.kv for s, _ in scheduled], [n for _, n in scheduled])
-        hidden = self.model(torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
-                            self.cache, batch)
+        hidden = self.graphs.run(tokens, positions, batch) if self.graphs is not None else None
+        if hidden is None:
+            hidden = self.model(torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
+                                self.cache, batch)
         self.cache.commit(batch)
         # sample for every sequence whose whole context is now cached (last prefill chunk or decode)
         ready = [(seq, i) for (seq, _), i in zip(scheduled, last) if seq.num_pending == 0]

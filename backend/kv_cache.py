@@ -193,7 +193,15 @@ class PagedKVCache:
 
     def commit(self, batch: AttentionBatch):
         """After a forward step: the step's tokens are now part of each sequence's cache, and the blocks
-        a decode step filled are compressed."""
+        a decode step filled (read from the window during the step) are compressed, every layer's."""
+        meta = batch.decode_meta
+        if meta is not None and self.windowed and self.decode_kernel is not None:
+            for i in meta["closing"]:
+                seq = batch.seqs[i]
+                start = seq.num_tokens + 1 - self.block_size
+                block = seq.block_table[start // self.block_size]
+                self._filled += [(layer, block, start, self.window_k[layer, seq.window_slot],
+                                  self.window_v[layer, seq.window_slot]) for layer in range(self.cfg.num_layers)]
         for seq, n in zip(batch.seqs, batch.query_lens):
             seq.num_tokens += n
         self._compress_filled()
@@ -269,22 +277,37 @@ class PagedKVCache:
             start += n
         return out
 
-    def _decode_meta(self, batch: AttentionBatch) -> dict:
-        """Block tables and positions of a decode step, built once and shared by every layer."""
+    def _decode_meta(self, batch: AttentionBatch, static: dict | None = None) -> dict:
+        """Block tables and positions of a decode step, built once and shared by every layer. `static`:
+        device buffers of `decode_buffers` to copy them into (a CUDA graph reads the same memory every step)."""
         dev, bs = self.device, self.block_size
         pos = torch.tensor([s.num_tokens for s in batch.seqs])
         width = max(len(s.block_table) for s in batch.seqs)
         tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in batch.seqs],
                               dtype=torch.int32)
-        meta = {"block_ids": tables[torch.arange(len(pos)), pos // bs].long().to(dev),
-                "offsets": (pos % bs).to(dev), "tables": tables.to(dev),
-                "seq_lens": (pos + 1).to(torch.int32).to(dev),
-                "window_slots": torch.tensor([s.window_slot or 0 for s in batch.seqs], dtype=torch.int32).to(dev),
-                "closing": [i for i, p in enumerate(pos.tolist()) if (p + 1) % bs == 0]}  # their token fills a block
-        meta["window_index"] = (meta["window_slots"].long(), meta["offsets"])
+        host = {"block_ids": tables[torch.arange(len(pos)), pos // bs].long(), "offsets": pos % bs,
+                "tables": tables, "seq_lens": (pos + 1).to(torch.int32),
+                "window_slots": torch.tensor([s.window_slot or 0 for s in batch.seqs], dtype=torch.int32)}
+        host["window_rows"] = host["window_slots"].long()
+        if static is None:
+            meta = {k: v.to(dev) for k, v in host.items()}
+        else:  # the rows of this batch; table columns past its widest sequence are never read
+            meta = {k: static[k][:len(pos)] for k in host}
+            for k, v in host.items():
+                (meta[k][:, :width] if k == "tables" else meta[k]).copy_(v, non_blocking=True)
+        meta["window_index"] = (meta["window_rows"], meta["offsets"])
+        meta["closing"] = [i for i, p in enumerate(pos.tolist()) if (p + 1) % bs == 0]  # their token fills a block
         if self.decode_kernel is None:  # the PyTorch path pads every sequence to the longest: mask [B, 1, 1, width * bs]
             meta["mask"] = (torch.arange(width * bs) <= pos[:, None]).view(len(pos), 1, 1, -1).to(dev)
         return meta
+
+    def decode_buffers(self, max_batch: int, max_len: int) -> dict:
+        """Static device buffers for `_decode_meta` of up to `max_batch` sequences of up to `max_len` tokens."""
+        z = lambda *shape, dtype=torch.long: torch.zeros(shape, dtype=dtype, device=self.device)  # noqa: E731
+        return {"block_ids": z(max_batch), "offsets": z(max_batch),
+                "tables": z(max_batch, -(-max_len // self.block_size), dtype=torch.int32),
+                "seq_lens": z(max_batch, dtype=torch.int32), "window_slots": z(max_batch, dtype=torch.int32),
+                "window_rows": z(max_batch)}
 
     def _attend_decode(self, layer, q, k_store, k_rot, v, batch: AttentionBatch) -> torch.Tensor:
         """One new token per sequence: write all of them at once, then attend over the paged cache
@@ -298,14 +321,8 @@ class PagedKVCache:
             self.window_k[layer, slots, offsets] = k_store
             self.window_v[layer, slots, offsets] = v
             rope = (self.rotary.cos, self.rotary.sin) if self.rope_on_read else ()  # keys kept before RoPE
-            out = self.decode_kernel(q, self.kernel_layers[layer], self.window_k[layer], self.window_v[layer],
-                                     meta["tables"], meta["seq_lens"], meta["window_slots"], *rope, scale)
-            for i in meta["closing"]:
-                seq = batch.seqs[i]
-                start = seq.num_tokens + 1 - self.block_size
-                self._filled.append((layer, seq.block_table[start // self.block_size], start,
-                                     self.window_k[layer, seq.window_slot], self.window_v[layer, seq.window_slot]))
-            return out
+            return self.decode_kernel(q, self.kernel_layers[layer], self.window_k[layer], self.window_v[layer],
+                                      meta["tables"], meta["seq_lens"], meta["window_slots"], *rope, scale)
         self.format.write(layer, meta["block_ids"], meta["offsets"], k_rot, v)
         if self.decode_kernel is not None:
             return self.decode_kernel(q, self.format.k_cache[layer], self.format.v_cache[layer], meta["tables"],

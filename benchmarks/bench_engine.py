@@ -120,9 +120,10 @@ def cpu_logit_drift() -> dict:
 
 
 # ---- GPU ------------------------------------------------------------------------------------
-def alrkvd_kernel_tokens(steps: int = 60) -> list[dict]:
-    """Greedy tokens of the ALR-KVD decode kernel against the PyTorch path, float32 on CUDA, dummy
-    SmolLM2-shaped weights (4 layers), three prompts whose decodes cross block borders."""
+def kernel_tokens(kv_format: str = "alrkvd", steps: int = 60) -> list[dict]:
+    """Greedy tokens of a compressed format's decode kernel (alrkvd, kivi2, kivi4) against the PyTorch path,
+    float32 on CUDA, dummy SmolLM2-shaped weights (4 layers), three prompts whose decodes cross block borders;
+    and decode steps replayed as CUDA graphs (backend/cuda_graphs.py) against eager ones."""
     folder = tempfile.mkdtemp()
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(dict(model_type="llama", vocab_size=4096, hidden_size=576, intermediate_size=1536,
@@ -131,13 +132,16 @@ def alrkvd_kernel_tokens(steps: int = 60) -> list[dict]:
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 4096, (n,), generator=g).tolist() for n in (300, 250, 90)]
     tokens = {}
-    for backend, side_stream in (("auto", False), ("auto-side-stream", True), ("torch", False)):
+    options = kernel_options(64) if kv_format == "alrkvd" else {}
+    for backend, side_stream, eager in (("auto", False, False), ("auto-side-stream", True, False),
+                                        ("auto-eager", False, True), ("torch", False, True)):
         engine = LLMEngine(EngineArgs(model=folder, load_format="dummy", tokenizer="none", device="cuda",
-                                      dtype="float32", kv_format="alrkvd", kv_options=kernel_options(64),
+                                      dtype="float32", kv_format=kv_format, kv_options=options,
                                       attention_backend=backend.split("-")[0], max_num_seqs=4,
-                                      kv_compress_stream=side_stream))
-        assert (engine.cache.decode_kernel is not None) == (backend != "torch")
-        assert (engine.cache.compress_stream is not None) == (backend == "auto-side-stream")
+                                      kv_compress_stream=side_stream, enforce_eager=eager))
+        assert (engine.cache.decode_kernel is not None) == (backend != "torch"), f"{kv_format}: no decode kernel"
+        assert (engine.cache.compress_stream is not None) == (backend == "auto-side-stream" and kv_format == "alrkvd")
+        assert (engine.graphs is not None) == (not eager)
         params = SamplingParams(max_tokens=steps, temperature=0, ignore_eos=True)
         rids = [engine.add_request(None, SamplingParams(**vars(params)), prompt_ids=p) for p in prompts]
         done = {}
@@ -145,10 +149,11 @@ def alrkvd_kernel_tokens(steps: int = 60) -> list[dict]:
             done |= {o.request_id: o.token_ids for o in engine.step() if o.finished}
         tokens[backend] = [done[r] for r in rids]
     rows = []
-    for n, a, side, b in zip((300, 250, 90), tokens["auto"], tokens["auto-side-stream"], tokens["torch"]):
-        rows.append({"prompt_tokens": n, "steps": steps, "equal": a == b,
+    for n, a, side, eager, b in zip((300, 250, 90), tokens["auto"], tokens["auto-side-stream"], tokens["auto-eager"],
+                                    tokens["torch"]):
+        rows.append({"kv_format": kv_format, "prompt_tokens": n, "steps": steps, "equal": a == b,
                      "first_difference": next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None),
-                     "side_stream_equals_inline": side == a})
+                     "side_stream_equals_inline": side == a, "graphs_equal_eager": a == eager})
     return rows
 
 
@@ -203,12 +208,15 @@ def dummy_engine(name: str, kv_format: str, **args) -> LLMEngine:
                                 max_model_len=40960, **args))
 
 
-def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv_formats=("fp16",)) -> list[dict]:
+def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv_formats=("fp16",),
+              modes=("graphs",)) -> list[dict]:
     """`expert_fractions` below 1: the routed experts stream from pinned host memory through a
     device cache of that fraction of their bytes (backend/experts.py), the whole model in the engine.
     `kv_formats`: the paged cache's format (fp16: the Triton paged kernel; others: their decode path);
     `alrkvd` gives two rows from one engine: `alrkvd` (the blocks a decode step fills compressed on the main
-    stream when the step's forward is queued, the default) and `alrkvd-side-stream` (kv_compress_stream=True)."""
+    stream when the step's forward is queued, the default) and `alrkvd-side-stream` (kv_compress_stream=True).
+    `modes`: decode steps replayed as CUDA graphs (`graphs`, the engine's default where it can) or launched
+    from Python (`eager`), in the same engine."""
     rows = []
     bw = copy_bandwidth()
     for name, fraction, kv_format in [(n, f, k) for n in shapes for f in expert_fractions for k in kv_formats]:
@@ -229,12 +237,15 @@ def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv
         # the side stream
         variants = ([("alrkvd", None), ("alrkvd-side-stream", side_stream)] if side_stream is not None
                     else [(kv_format, None)])
+        graphs = engine.graphs
         for batch in batches:
             for context in contexts:
-                for label, stream in variants:
+                for (label, stream), mode in [(v, m) for v in variants for m in modes]:
                     engine.cache.compress_stream = stream
+                    engine.graphs = graphs if mode == "graphs" else None
                     row = {"model": name, "batch": batch, "context": context, "weights_gb": weights / 1e9,
                            "expert_fraction": fraction, "kv_format": label,
+                           "mode": mode if mode == "eager" or graphs is not None else "eager (no graphs)",
                            "free_gb_before": torch.cuda.mem_get_info()[0] / 1e9}
                     try:
                         row.update(run_decode(engine, counter, batch, context, steps, bw))
@@ -245,7 +256,7 @@ def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv
                         torch.cuda.empty_cache()
                     print(json.dumps(row), flush=True)
                     rows.append(row)
-        del engine, counter
+        del engine, counter, graphs
         gc.collect()  # the engine's reference cycles: free its memory before the next one sizes its budget
         torch.cuda.empty_cache()
     for r in rows:
@@ -286,8 +297,9 @@ def run_decode(engine: LLMEngine, counter: ExpertCounter, batch: int, context: i
         st = expert_cache.stats()
         streaming = {k: st[f"expert_{k}"] for k in ("hit_rate", "bytes_per_token", "stall_s_per_token", "copy_gbps")}
     counter.unique, counter.enabled = 0, True
+    graphs, engine.graphs = engine.graphs, None  # the counting hook runs only in an eager step
     engine.step()
-    counter.enabled = False
+    engine.graphs, counter.enabled = graphs, False
     unique = counter.unique
     for r in rids:
         engine.abort(r)
@@ -343,6 +355,8 @@ def main():
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--cpu-logits", action="store_true", help="logit drift of fp16 weights and of transformers bf16")
     ap.add_argument("--gpu-alrkvd-tokens", action="store_true", help="ALR-KVD kernel vs PyTorch path, greedy tokens")
+    ap.add_argument("--tokens-formats", default="alrkvd", help="formats of --gpu-alrkvd-tokens, e.g. alrkvd,kivi4")
+    ap.add_argument("--modes", default="graphs", help="--gpu: graphs,eager compares CUDA-graph and eager decode steps")
     ap.add_argument("--gpu-prefill", action="store_true", help="time to first token of long prompts per KV format")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3, help="CPU: turns over the four systems (medians reported)")
@@ -362,7 +376,7 @@ def main():
         result["cpu_logits"] = cpu_logit_drift()
         print(json.dumps(result["cpu_logits"], indent=1))
     if args.gpu_alrkvd_tokens:
-        result["alrkvd_kernel_tokens"] = alrkvd_kernel_tokens()
+        result["alrkvd_kernel_tokens"] = [row for f in args.tokens_formats.split(",") for row in kernel_tokens(f)]
         print(json.dumps(result["alrkvd_kernel_tokens"], indent=1))
     if args.gpu_prefill:
         result["device"] = torch.cuda.get_device_name()
@@ -372,11 +386,13 @@ def main():
         result["device"] = torch.cuda.get_device_name()
         result["gpu"] = bench_gpu(args.models.split(","), [int(b) for b in args.batches.split(",")],
                                   [int(c) for c in args.contexts.split(",")], args.steps,
-                                  [float(f) for f in args.expert_fractions.split(",")], args.kv_formats.split(","))
-        print(f"{'model':15} {'kv':>13} {'experts':>7} {'B':>3} {'ctx':>6} {'step ms':>9} {'fill ms':>8} "
+                                  [float(f) for f in args.expert_fractions.split(",")], args.kv_formats.split(","),
+                                  args.modes.split(","))
+        print(f"{'model':15} {'kv':>18} {'mode':>6} {'experts':>7} {'B':>3} {'ctx':>6} {'step ms':>9} {'fill ms':>8} "
               f"{'roofline ms':>11} {'gap':>6}")
         for r in result["gpu"]:
-            head = f"{r['model']:15} {r['kv_format']:>13} {r['expert_fraction']:7.0%} {r['batch']:>3} {r['context']:>6}"
+            head = (f"{r['model']:15} {r['kv_format']:>18} {r['mode'][:6]:>6} {r['expert_fraction']:7.0%} "
+                    f"{r['batch']:>3} {r['context']:>6}")
             if "error" in r:
                 print(f"{head}  {r['error']}")
             else:

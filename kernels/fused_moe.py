@@ -144,7 +144,7 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: i
     flat = topk_ids.reshape(-1).long()
     numel = flat.numel()
     em = triton.cdiv(numel + num_experts * (block_size - 1), block_size) * block_size
-    counts = torch.bincount(flat, minlength=num_experts)
+    counts = flat.new_zeros(num_experts).scatter_add_(0, flat, torch.ones_like(flat))  # bincount syncs on CUDA
     padded = (counts + block_size - 1) // block_size * block_size
     ends = torch.cumsum(padded, 0)
     starts = ends - padded
