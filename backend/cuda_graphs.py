@@ -2,8 +2,9 @@
 hundreds of small kernels, and from Python that launch time, not the GPU, sets the step time
 (BENCHMARKS.md section 1). One graph per batch size, captured the first time that size decodes:
 the whole forward (embedding, every layer, the decode attention kernels, the fused MoE kernels,
-the final norm) over static input buffers. A replay copies the step's tokens, positions and
-block tables into those buffers and launches the graph once.
+the final norm) over static input buffers; `capture_all` captures every size up front (the server
+does, at start-up). A replay copies the step's tokens, positions and block tables into those buffers
+and launches the graph once.
 
 What a graph cannot hold runs eagerly: prefill chunks, and the blocks a decode step fills, which
 `PagedKVCache.commit` compresses after the step. Models whose experts stream from host memory
@@ -11,9 +12,11 @@ What a graph cannot hold runs eagerly: prefill chunks, and the blocks a decode s
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
-from backend.kv_cache import AttentionBatch, PagedKVCache
+from backend.kv_cache import AttentionBatch, PagedKVCache, SeqKV
 from backend.model import MoE, Transformer
 
 
@@ -52,18 +55,37 @@ class DecodeGraphs:
         graph.replay()
         return hidden
 
+    def capture_all(self) -> float:
+        """Capture every batch size up to `max_batch` now, as vLLM does at start-up, so that no request waits
+        for a capture (the server does this; offline use captures on first use). Throwaway sequences of one
+        token drive the captures and are freed. Returns the seconds taken."""
+        start = time.perf_counter()
+        for B in range(self.max_batch, 0, -1):  # largest first: the smaller graphs reuse its pool's memory
+            seqs = [SeqKV() for _ in range(B)]
+            try:
+                for seq in seqs:
+                    self.cache.allocate(seq, 1)
+                self.run([0] * B, [0] * B, AttentionBatch(seqs, [1] * B))
+            finally:
+                for seq in seqs:
+                    self.cache.free(seq)
+        if self.capture:
+            torch.cuda.synchronize(self.cache.device)
+        return time.perf_counter() - start
+
     def _capture(self, B: int, batch: AttentionBatch) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """Capture the forward of B sequences. It runs once eagerly first, on a side stream as PyTorch's
         recipe asks (Triton compiles its kernels there): that run writes this step's keys and values,
         and the replay that follows writes the same ones again."""
         args = (self.tokens[:B], self.positions[:B], self.cache, batch)
-        side = torch.cuda.Stream(self.cache.device)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self.model(*args)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            hidden = self.model(*args)
+        with torch.cuda.device(self.cache.device):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.model(*args)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                hidden = self.model(*args)
         self.pool = graph.pool()
         return graph, hidden

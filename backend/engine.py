@@ -332,6 +332,7 @@ class AsyncEngine:
     def __init__(self, args: EngineArgs):
         self.engine = LLMEngine(args)
         self.args = args
+        self.graph_capture_s = self.engine.graphs.capture_all() if self.engine.graphs is not None else 0.0
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.wakeup = threading.Event()
         self.streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}

@@ -54,12 +54,17 @@ def memoize_decode(fmt) -> None:
     if not fmt.windowed:
         return
     memo: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-    orig_decode, orig_encode = fmt.decode, fmt.encode
+    orig_decode, orig_encode, orig_encode_blocks = fmt.decode, fmt.encode, fmt.encode_blocks
     positional = getattr(fmt, "options", {}).get("key_frame") == "post_rope"
 
     def encode(layer, block_id, k, v, **kw):
         memo.pop((layer, int(block_id)), None)
         orig_encode(layer, block_id, k, v, **kw)
+
+    def encode_blocks(blocks):
+        for layer, block_id, *_ in blocks:
+            memo.pop((layer, int(block_id)), None)
+        orig_encode_blocks(blocks)
 
     def decode(layer, block_ids):
         ids = [int(b) for b in (block_ids.tolist() if torch.is_tensor(block_ids) else block_ids)]
@@ -82,7 +87,7 @@ def memoize_decode(fmt) -> None:
     def clear():
         memo.clear()
 
-    fmt.encode, fmt.decode, fmt.clear_decode_memo = encode, decode, clear
+    fmt.encode, fmt.encode_blocks, fmt.decode, fmt.clear_decode_memo = encode, encode_blocks, decode, clear
 
 
 def _block_bytes(kv_format: str, options: dict, cfg, dtype) -> tuple[int, int]:

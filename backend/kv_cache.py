@@ -131,8 +131,7 @@ class PagedKVCache:
 
     def _encode_blocks(self, blocks: list[tuple[int, int, int, torch.Tensor, torch.Tensor]]):
         """Compress full blocks, each (layer, block id, first position, k [T, H, D], v), with the format's encode."""
-        for layer, block_id, start, k, v in blocks:
-            self.format.encode(layer, block_id, k, v, start_pos=start)
+        self.format.encode_blocks(blocks)
 
     COMPRESS_CHUNK = 128  # blocks per compression call: bounds its temporaries (~2 MB per block at head_dim 128)
 

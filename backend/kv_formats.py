@@ -342,6 +342,12 @@ class KVFormat:
         """Compress one full block (windowed formats). ``start_pos``: the position of its first token."""
         raise NotImplementedError(f"{self.name} is not windowed: the cache calls write()")
 
+    def encode_blocks(self, blocks: list[tuple[int, int, int, torch.Tensor, torch.Tensor]]) -> None:
+        """Compress full blocks, each (layer, block id, position of its first token, k [T, H, D], v): one
+        ``encode`` each, unless the format batches them (a decode step fills one per sequence and layer)."""
+        for layer, block_id, start, k, v in blocks:
+            self.encode(layer, block_id, k, v, start_pos=start)
+
     def decode(self, layer: int, block_ids) -> tuple[torch.Tensor, torch.Tensor]:
         """Reconstruction of the listed blocks, in order: (k, v) each [n * block_size, H, D] in the model
         dtype (keys before RoPE when ``rope_on_read``)."""
@@ -477,18 +483,21 @@ class KIVIFormat(KVFormat):
         self._alloc("v_zero", (T, H, D // g), torch.float16)
 
     def encode(self, layer, block_id, k, v, start_pos=0):
-        T, H, D = self.block_size, self.num_kv_heads, self.head_dim
+        self.encode_blocks([(layer, block_id, start_pos, k, v)])
+
+    def encode_blocks(self, blocks):
+        """Every block in one quantization (a few tensor ops, not a few per block)."""
+        layers, ids, _, k, v = zip(*blocks)
+        at = (torch.tensor(layers, device=self.device), torch.tensor(ids, device=self.device))
+        k, v = torch.stack(k).float(), torch.stack(v).float()                  # [n, T, H, D]
+        n, T, H, D = k.shape
         b, g = self.options["bits"], self.options["group"]
-        kt = k.float().permute(1, 2, 0).reshape(H, D, T // g, g)           # [H, D, groups, g]
-        q, s, z = quant_asym(kt, b, dim=-1)
-        self.k_codes[layer, block_id] = pack_bits(q.reshape(H, D, T), b)
-        self.k_scale[layer, block_id] = s[..., 0]
-        self.k_zero[layer, block_id] = z[..., 0]
-        vt = v.float().reshape(T, H, D // g, g)
-        q, s, z = quant_asym(vt, b, dim=-1)
-        self.v_codes[layer, block_id] = pack_bits(q.reshape(T, H, D), b)
-        self.v_scale[layer, block_id] = s[..., 0]
-        self.v_zero[layer, block_id] = z[..., 0]
+        q, s, z = quant_asym(k.permute(0, 2, 3, 1).reshape(n, H, D, T // g, g), b, dim=-1)   # per channel
+        self.k_codes[at] = pack_bits(q.reshape(n, H, D, T), b)
+        self.k_scale[at], self.k_zero[at] = s[..., 0], z[..., 0]
+        q, s, z = quant_asym(v.reshape(n, T, H, D // g, g), b, dim=-1)                     # per token
+        self.v_codes[at] = pack_bits(q.reshape(n, T, H, D), b)
+        self.v_scale[at], self.v_zero[at] = s[..., 0], z[..., 0]
 
     def decode(self, layer, block_ids):
         ids = self._ids(block_ids, self.device)

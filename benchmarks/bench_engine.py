@@ -280,9 +280,12 @@ def run_decode(engine: LLMEngine, counter: ExpertCounter, batch: int, context: i
         rids.append(rid)
     engine.waiting, engine.running = [], [engine.requests[r] for r in rids]
     sync = torch.cuda.synchronize if engine.args.device.startswith("cuda") else (lambda: None)
+    warmup = []  # the first includes capturing this batch size's graph, when graphs are on and it is new
     for _ in range(3):
+        t0 = time.perf_counter()
         engine.step()
-    sync()
+        sync()
+        warmup.append(time.perf_counter() - t0)
     expert_cache = getattr(engine.model, "expert_cache", None)
     if expert_cache is not None:
         expert_cache.reset_stats()
@@ -306,6 +309,7 @@ def run_decode(engine: LLMEngine, counter: ExpertCounter, batch: int, context: i
     step_s = sorted(times)[len(times) // 2]
     nbytes = step_bytes(engine, unique, batch, context)
     return {"step_ms": step_s * 1e3, "fill_step_ms": times[steps // 2] * 1e3, "tok_s": batch / step_s,
+            "first_step_ms": warmup[0] * 1e3,
             "bytes_per_step_gb": nbytes / 1e9,
             "roofline_ms": nbytes / bw * 1e3, "gap": step_s / (nbytes / bw),
             "unique_experts_per_step": unique, **streaming}

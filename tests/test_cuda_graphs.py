@@ -62,6 +62,12 @@ def test_graphs_give_the_eager_tokens(tmp_path, shape, kv_format):
     expected = generate()
     engine.graphs = DecodeGraphs(engine.model, engine.cache, 4, engine.max_model_len, capture=DEVICE == "cuda")
     assert generate() == expected
-    assert sorted(engine.graphs.graphs) == [1, 2, 3]
+    assert sorted(engine.graphs.graphs) == [1, 2, 3]  # captured on first use
     assert all((g is not None) == (DEVICE == "cuda") for g in engine.graphs.graphs.values())
+    # captured up front (the server's start-up), with throwaway sequences that leave nothing behind
+    engine.graphs = DecodeGraphs(engine.model, engine.cache, 4, engine.max_model_len, capture=DEVICE == "cuda")
+    engine.graphs.capture_all()
+    assert sorted(engine.graphs.graphs) == [1, 2, 3, 4]
+    assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
+    assert generate() == expected
     assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks

@@ -73,8 +73,10 @@ class TritonPythonModel:
         self._start_event_loop()
         import torch
 
-        self.logger.log_info(f"[alrkvd] {args['model_name']} ready ({torch.get_num_threads()} torch threads): "
-                             f"{self.engine_args}")
+        graphs = getattr(self.engine, "graph_capture_s", 0.0)
+        self.logger.log_info(f"[alrkvd] {args['model_name']} ready ({torch.get_num_threads()} torch threads"
+                             + (f", decode CUDA graphs captured in {graphs:.1f} s" if graphs else "")
+                             + f"): {self.engine_args}")
 
     def _init_engine_args(self):
         overrides = {}

