@@ -468,6 +468,19 @@ def test_decode_of_many_blocks_is_concatenation():
         assert torch.allclose(k_all[i * 128:(i + 1) * 128], kb) and torch.allclose(v_all[i * 128:(i + 1) * 128], vb)
 
 
+@pytest.mark.parametrize("name", ["kivi2", "kivi3", "alrkvd"])
+def test_encoding_blocks_together_is_encoding_each(name):
+    """A decode step hands the format every block it filled at once (KIVI quantizes them in one pass)."""
+    blocks = [(layer, b, 0, *random_kv(128, seed=3 * layer + b)) for layer, b in ((0, 2), (1, 0), (0, 1))]
+    together = make_format(name, L, H, D, torch.float32, "cpu", 3)
+    together.encode_blocks(blocks)
+    one_by_one = make_format(name, L, H, D, torch.float32, "cpu", 3)
+    for layer, b, start, k, v in blocks:
+        one_by_one.encode(layer, b, k, v, start_pos=start)
+    for key, t in together.named_tensors().items():
+        assert torch.equal(t, one_by_one.named_tensors()[key]), key
+
+
 def test_registry_names():
     assert {"fp16", "int8", "kivi2", "kivi3", "kivi4", "alrkvd"} <= set(FORMATS)
     assert FORMATS["alrkvd"].rope_on_read and FORMATS["alrkvd"].windowed
