@@ -43,8 +43,8 @@ class DecodeGraphs:
         B = len(batch.seqs)
         if B > self.max_batch or any(n != 1 for n in batch.query_lens):
             return None
-        self.cache._wait_compressed()  # the side stream's compression: waited for outside the graph
-        batch.decode_meta = self.cache._decode_meta(batch, self.meta)
+        self.cache.wait_compressed()  # the side stream's compression: waited for outside the graph
+        batch.decode_meta = self.cache.build_decode_meta(batch, self.meta)
         self.tokens[:B].copy_(torch.tensor(tokens), non_blocking=True)
         self.positions[:B].copy_(torch.tensor(positions), non_blocking=True)
         if B not in self.graphs:

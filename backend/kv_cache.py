@@ -147,7 +147,7 @@ class PagedKVCache:
     def _compress_filled(self):
         """Compress the blocks that the decode step's layers filled (read from the window until now), all
         layers in one call, on the side stream when there is one: after the step's forward, overlapping
-        its sampling. The next touch of the window or the blocks waits for it (`_wait_compressed`)."""
+        its sampling. The next touch of the window or the blocks waits for it (`wait_compressed`)."""
         blocks, self._filled = self._filled, []
         if not blocks:
             return
@@ -160,7 +160,7 @@ class PagedKVCache:
             self._compressing = torch.cuda.Event()
             self._compressing.record()
 
-    def _wait_compressed(self):
+    def wait_compressed(self):
         """Before a window or a block is read or written: the side stream's compression is done."""
         if self._compressing is not None:
             torch.cuda.current_stream(self.device).wait_event(self._compressing)
@@ -214,7 +214,7 @@ class PagedKVCache:
             k, v = self.format.decode(layer, seq.block_table[:-(-P // bs)])
             k, v = k[:P], v[:P]
         else:
-            self._wait_compressed()
+            self.wait_compressed()
             closed, in_window = divmod(P, bs)
             k, v = self.format.decode(layer, seq.block_table[:closed])
             if in_window:
@@ -232,7 +232,7 @@ class PagedKVCache:
             table = torch.tensor(seq.block_table, dtype=torch.long)
             self.format.write(layer, table[pos // bs].to(k.device), (pos % bs).to(k.device), k, v)
             return
-        self._wait_compressed()
+        self.wait_compressed()
         done, full = 0, []
         while done < n:
             pos = start + done
@@ -276,7 +276,7 @@ class PagedKVCache:
             start += n
         return out
 
-    def _decode_meta(self, batch: AttentionBatch, static: dict | None = None) -> dict:
+    def build_decode_meta(self, batch: AttentionBatch, static: dict | None = None) -> dict:
         """Block tables and positions of a decode step, built once and shared by every layer. `static`:
         device buffers of `decode_buffers` to copy them into (a CUDA graph reads the same memory every step)."""
         dev, bs = self.device, self.block_size
@@ -301,7 +301,7 @@ class PagedKVCache:
         return meta
 
     def decode_buffers(self, max_batch: int, max_len: int) -> dict:
-        """Static device buffers for `_decode_meta` of up to `max_batch` sequences of up to `max_len` tokens."""
+        """Static device buffers for `build_decode_meta` of up to `max_batch` sequences of up to `max_len` tokens."""
         z = lambda *shape, dtype=torch.long: torch.zeros(shape, dtype=dtype, device=self.device)  # noqa: E731
         return {"block_ids": z(max_batch), "offsets": z(max_batch),
                 "tables": z(max_batch, -(-max_len // self.block_size), dtype=torch.int32),
@@ -311,11 +311,11 @@ class PagedKVCache:
     def _attend_decode(self, layer, q, k_store, k_rot, v, batch: AttentionBatch) -> torch.Tensor:
         """One new token per sequence: write all of them at once, then attend over the paged cache
         (the fused Triton kernels on CUDA; gather + masked SDPA elsewhere)."""
-        meta = batch.decode_meta = batch.decode_meta or self._decode_meta(batch)
+        meta = batch.decode_meta = batch.decode_meta or self.build_decode_meta(batch)
         scale = q.shape[-1] ** -0.5
         if self.windowed:  # ALR-KVD or KIVI kernel: every new token into its window slot, then attend; the
             # blocks this step fills are read from the window and compressed at commit (all layers at once)
-            self._wait_compressed()
+            self.wait_compressed()
             slots, offsets = meta["window_index"]
             self.window_k[layer, slots, offsets] = k_store
             self.window_v[layer, slots, offsets] = v
