@@ -63,8 +63,8 @@ def test_splits(num_splits):
 
 
 def test_many_splits_merge_in_chunks():
-    # 37 splits of a 2,100-token sequence: the merge takes the partials 16 at a time (non-empty ones in
-    # three chunks, the last one partly filled) and skips the empty splits of the short sequence
+    # 37 splits of a 2,100-token sequence (33 of them non-empty: one 64-token tile each) merged by stage 2,
+    # and the empty splits of the short sequence skipped
     args = _case([2100, 40], num_kv_heads=1, group=4, head_dim=64, block_size=16, dtype=torch.float16)
     _check(args, torch.float16, num_splits=37)
 
