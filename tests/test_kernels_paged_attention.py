@@ -62,7 +62,7 @@ def test_splits(num_splits):
     _check(args, torch.float16, num_splits=num_splits)
 
 
-def test_many_splits_merge_in_chunks():
+def test_many_splits():
     # 37 splits of a 2,100-token sequence (33 of them non-empty: one 64-token tile each) merged by stage 2,
     # and the empty splits of the short sequence skipped
     args = _case([2100, 40], num_kv_heads=1, group=4, head_dim=64, block_size=16, dtype=torch.float16)
