@@ -60,17 +60,22 @@ class DecodeGraphs:
         for a capture (the server does this; offline use captures on first use). Throwaway sequences of one
         token drive the captures and are freed. Returns the seconds taken."""
         start = time.perf_counter()
-        for B in range(self.max_batch, 0, -1):  # largest first: the smaller graphs reuse its pool's memory
+        cache = self.cache
+        # a sequence holds a block (and a window slot): batches larger than the cache can hold never run
+        largest = min(self.max_batch, cache.allocator.num_free)
+        if cache.windowed:
+            largest = min(largest, len(cache.free_slots))
+        for B in range(largest, 0, -1):  # largest first: the smaller graphs reuse its pool's memory
             seqs = [SeqKV() for _ in range(B)]
             try:
                 for seq in seqs:
-                    self.cache.allocate(seq, 1)
+                    cache.allocate(seq, 1)
                 self.run([0] * B, [0] * B, AttentionBatch(seqs, [1] * B))
             finally:
                 for seq in seqs:
-                    self.cache.free(seq)
+                    cache.free(seq)
         if self.capture:
-            torch.cuda.synchronize(self.cache.device)
+            torch.cuda.synchronize(cache.device)
         return time.perf_counter() - start
 
     def _capture(self, B: int, batch: AttentionBatch) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:

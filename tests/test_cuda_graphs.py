@@ -71,3 +71,13 @@ def test_graphs_give_the_eager_tokens(tmp_path, shape, kv_format):
     assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
     assert generate() == expected
     assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
+
+
+def test_capture_all_stops_at_what_the_cache_holds(tmp_path):
+    """Start-up capture with fewer free blocks than `max_num_seqs`: the sizes that fit, and no error."""
+    engine = engine_for(tmp_path, LLAMA, "fp16")
+    held = engine.cache.allocator.allocate(engine.cache.allocator.num_free - 2)  # two blocks left
+    graphs = DecodeGraphs(engine.model, engine.cache, 4, engine.max_model_len, capture=DEVICE == "cuda")
+    graphs.capture_all()
+    assert sorted(graphs.graphs) == [1, 2]
+    engine.cache.allocator.free(held)
