@@ -5,7 +5,6 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 import torch
 torch.set_num_threads(1)
 from backend.evaluate import load_engine, set_cache, load_text_ids, perplexity, DEFAULT_TEXT
-from backend.kv_formats import ALRKVDFormat
 
 args = types.SimpleNamespace(model="default", device="cpu", dtype="auto", chunk=128)
 eng = load_engine(args)
