@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.devices import copy_bandwidth  # noqa: E402
-from kernels.testing import rope_tables, use_interpreter_without_gpu  # noqa: E402
+from kernels.testing import check_decode_kernel, rope_tables, use_interpreter_without_gpu  # noqa: E402
 
 DEVICE = use_interpreter_without_gpu()  # before the kernel modules: Triton decides at @jit time
 
@@ -262,12 +262,7 @@ def bench_config(batch, length, variants, args, device, copy_bw, gen):
             layers = [first] + [make()[0] for _ in range(num_copies(nbytes, device) - 1)]
             extra = {}
             if args.check and batch * length <= args.check_tokens:
-                out = kernel(q, scale=scale, **first).float()
-                ref = kernel_ref(q, scale=scale, **first).float()
-                ref16 = kernel_ref(q, scale=scale, kv_dtype=torch.float16, **first).float()
-                err, e16 = (out - ref).abs().max().item(), (ref16 - ref).abs().max().item()
-                extra = dict(max_err_vs_ref=err, fp16_rounding_err=e16,
-                             check_ok=err <= 2 * e16 + 2e-3 * max(1.0, ref.abs().max().item()))
+                extra = check_decode_kernel(kernel, kernel_ref, q, scale, **first)[1]
             calls = [lambda kw=kw: kernel(q, scale=scale, **kw) for kw in layers]
             record(name, time_calls(calls, device), nbytes, **extra)
             del layers, calls, first

@@ -26,6 +26,33 @@ def use_interpreter_without_gpu() -> str:
     return "cpu"
 
 
+def to_device(case: dict, device) -> dict:
+    """A kernel's keyword inputs on `device`: tensors, and the tensor fields of a per-layer view dataclass
+    (`cache`: AlrkvdLayer, KiviLayer)."""
+    out = {}
+    for name, value in case.items():
+        if name == "cache":
+            value = type(value)(**{f: (v.to(device) if isinstance(v := getattr(value, f), torch.Tensor) else v)
+                                   for f in value.__dataclass_fields__})
+        elif isinstance(value, torch.Tensor):
+            value = value.to(device)
+        out[name] = value
+    return out
+
+
+def check_decode_kernel(kernel, kernel_ref, q: torch.Tensor, scale: float, num_splits=None, **inputs):
+    """A compressed-cache decode kernel against its fp32 PyTorch reference on the same inputs. Returns its
+    output and {max_err_vs_ref, fp16_rounding_err, check_ok}: the error budget is twice what rounding the
+    rebuilt keys and values to fp16 (the kernel's tl.dot operands) moves the reference, plus
+    2e-3 x max(1, |ref|)."""
+    out = kernel(q, scale=scale, num_splits=num_splits, **inputs)
+    ref = kernel_ref(q, scale=scale, **inputs).float()
+    ref16 = kernel_ref(q, scale=scale, kv_dtype=torch.float16, **inputs).float()
+    err, e16 = (out.float() - ref).abs().max().item(), (ref16 - ref).abs().max().item()
+    budget = 2 * e16 + 2e-3 * max(1.0, ref.abs().max().item())
+    return out, {"max_err_vs_ref": err, "fp16_rounding_err": e16, "budget": budget, "check_ok": err <= budget}
+
+
 def random_kv(shape, dtype, generator: torch.Generator, outlier_frac: float = 0.01,
               outlier_scale: float = 20.0, channel_outliers: int = 2) -> torch.Tensor:
     """N(0, 1) data `[..., H, D]` with the outliers real keys have: a few channels per head that are

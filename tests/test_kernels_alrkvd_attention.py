@@ -11,7 +11,8 @@ fp16 alone causes, e16 = max|ref(kv fp16) - ref|, sets the budget:
     max|out - ref| <= 2 e16 + 2e-3 max(1, max|ref|)
 (the second term: fp16 output rounding and fp32 summation order).
 """
-from kernels.testing import build_alrkvd_case, random_kv, use_interpreter_without_gpu
+from kernels.testing import (build_alrkvd_case, check_decode_kernel, random_kv, to_device,
+                             use_interpreter_without_gpu)
 
 DEVICE = use_interpreter_without_gpu()
 
@@ -25,19 +26,6 @@ from kernels.alrkvd_attention import (  # noqa: E402
 )
 
 SMOLLM2_KV = Path(__file__).resolve().parents[1] / "kernels" / "testdata" / "smollm2_kv.pt"
-
-
-def _to_device(case):
-    out = {}
-    for name, value in case.items():
-        if name == "cache":
-            fields = {f: (getattr(value, f).to(DEVICE) if isinstance(getattr(value, f), torch.Tensor) else getattr(value, f))
-                      for f in value.__dataclass_fields__}
-            value = type(value)(**fields)
-        elif isinstance(value, torch.Tensor):
-            value = value.to(DEVICE)
-        out[name] = value
-    return out
 
 
 def _random_case(lengths, num_kv_heads, gqa, head_dim, block_size, seed, **options):
@@ -56,17 +44,12 @@ def _random_case(lengths, num_kv_heads, gqa, head_dim, block_size, seed, **optio
 
 
 def _check(q, case, num_splits):
-    case = _to_device({k: v for k, v in case.items() if k != "fmt"})
+    case = to_device({k: v for k, v in case.items() if k != "fmt"}, DEVICE)
     q = q.to(DEVICE)
-    scale = q.shape[-1] ** -0.5
-    out = alrkvd_decode_attention(q, scale=scale, num_splits=num_splits, **case)
-    ref = alrkvd_decode_attention_ref(q, scale=scale, **case).float()
-    ref16 = alrkvd_decode_attention_ref(q, scale=scale, kv_dtype=torch.float16, **case).float()
+    out, stats = check_decode_kernel(alrkvd_decode_attention, alrkvd_decode_attention_ref, q, q.shape[-1] ** -0.5,
+                                     num_splits, **case)
     assert out.shape == q.shape and out.dtype == q.dtype
-    err = (out.float() - ref).abs().max().item()
-    e16 = (ref16 - ref).abs().max().item()
-    budget = 2 * e16 + 2e-3 * max(1.0, ref.abs().max().item())
-    assert err <= budget, f"max error {err:.4g} > budget {budget:.4g} (fp16 rounding alone: {e16:.4g})"
+    assert stats["check_ok"], stats
 
 
 def test_reference_decode_matches_format():
@@ -102,8 +85,8 @@ def test_block_filled_this_step_is_read_from_the_window():
     # kernel must read it from the window: whatever its compressed storage holds does not change the output
     q, case = _random_case([5, 2 * 32], num_kv_heads=2, gqa=3, head_dim=64, block_size=32, seed=11)
     scale = q.shape[-1] ** -0.5
-    run = lambda: alrkvd_decode_attention(q.to(DEVICE), scale=scale, **_to_device(
-        {k: v for k, v in case.items() if k != "fmt"}))
+    run = lambda: alrkvd_decode_attention(q.to(DEVICE), scale=scale, **to_device(
+        {k: v for k, v in case.items() if k != "fmt"}, DEVICE))
     before = run()
     last = int(case["block_tables"][1, 1])
     for name in ("latent", "k_resid", "v_resid", "k_rscale", "v_rscale"):

@@ -6,7 +6,7 @@ operands (codes exactly, the query times the key scales, the weights times the v
 error that rounding keys and values to fp16 alone causes, e16, sets the budget:
     max|out - ref| <= 2 e16 + 2e-3 max(1, max|ref|)
 """
-from kernels.testing import random_kv, rope_tables, use_interpreter_without_gpu
+from kernels.testing import check_decode_kernel, random_kv, rope_tables, to_device, use_interpreter_without_gpu
 
 DEVICE = use_interpreter_without_gpu()
 
@@ -55,24 +55,11 @@ def _random_case(lengths, num_kv_heads, gqa, head_dim, bits, block_size=128, see
 
 
 def _check(q, case, num_splits=None):
-    dev = {}
-    for name, value in case.items():
-        if name == "cache":
-            value = KiviLayer(**{f: (getattr(value, f).to(DEVICE) if f != "bits" else value.bits)
-                                 for f in value.__dataclass_fields__})
-        elif isinstance(value, torch.Tensor):
-            value = value.to(DEVICE)
-        dev[name] = value
-    q = q.to(DEVICE)
-    scale = q.shape[-1] ** -0.5
-    out = kivi_decode_attention(q, scale=scale, num_splits=num_splits, **dev)
-    ref = kivi_decode_attention_ref(q, scale=scale, **dev).float()
-    ref16 = kivi_decode_attention_ref(q, scale=scale, kv_dtype=torch.float16, **dev).float()
+    case, q = to_device(case, DEVICE), q.to(DEVICE)
+    out, stats = check_decode_kernel(kivi_decode_attention, kivi_decode_attention_ref, q, q.shape[-1] ** -0.5,
+                                     num_splits, **case)
     assert out.shape == q.shape and out.dtype == q.dtype
-    err = (out.float() - ref).abs().max().item()
-    e16 = (ref16 - ref).abs().max().item()
-    budget = 2 * e16 + 2e-3 * max(1.0, ref.abs().max().item())
-    assert err <= budget, f"max error {err:.4g} > budget {budget:.4g} (fp16 rounding alone: {e16:.4g})"
+    assert stats["check_ok"], stats
 
 
 def test_reference_matches_format_decode():
