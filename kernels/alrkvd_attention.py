@@ -251,8 +251,8 @@ def _alrkvd_decode_stage1(
         kvh64 = pid_kvh.to(tl.int64)
         # cos/sin(j * theta) of the token offsets j inside a tile (table rows 0..BLOCK_N-1), the same for every tile
         j_off = offs_n[:, None] * stride_cs + offs_h[None, :]
-        cos_j = tl.load(Cos + j_off)
-        sin_j = tl.load(Sin + j_off)
+        cos_j = tl.load(Cos + j_off).to(tl.float16)
+        sin_j = tl.load(Sin + j_off).to(tl.float16)
         all_n = offs_n < BLOCK_N
         mask_s = offs_s < 2 * NUM_KV_HEADS
         # residual runs (backend.kv_formats.pack_bits): a key's columns come as PK runs of NK, one per code
@@ -311,7 +311,9 @@ def _alrkvd_decode_stage1(
             lk = _load_2d(lat_blk + off_k * stride_lr, rows, offs_r, all_n, mk, stride_lt, stride_lr)
             lk = lk.to(tl.float32) * lk_s + lk_z
             lk = lk.to(tl.float16)
-            k1, k2 = _rope(tl.dot(lk, b1.to(tl.float16)), tl.dot(lk, b2.to(tl.float16)), cos_j, sin_j)
+            # the rebuilt keys and their RoPE in fp16: half the registers, and they go to tl.dot as fp16 anyway
+            k1, k2 = _rope(tl.dot(lk, b1.to(tl.float16), out_dtype=tl.float16),
+                           tl.dot(lk, b2.to(tl.float16), out_dtype=tl.float16), cos_j, sin_j)
             # -- key residual, codes * rscale + rzero per token: q . e = rscale (q . codes) + rzero sum(q); run r
             #    of the codes arrives as code * 2^(r K_BITS), the power of two taken off the run's fp32 dot
             kc = _code_runs(tl.load(K_resid + block * stride_krn + kvh64 * stride_krh + rows[:, None] * stride_krt
