@@ -9,6 +9,7 @@ mid-decode it preempts the newest running sequence (its KV is freed and recomput
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import queue
 import threading
@@ -214,8 +215,19 @@ class LLMEngine:
         return scheduled
 
     # ---- one step -----------------------------------------------------------------------
+    def on_device(self):
+        """The engine's CUDA device made current while it runs: Triton launches its kernels on the current
+        device, not on their tensors' one, so an engine on cuda:N (a Triton model instance on GPU N) would
+        otherwise launch them on GPU 0."""
+        return torch.cuda.device(self.args.device) if str(self.args.device).startswith("cuda") \
+            else contextlib.nullcontext()
+
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
+        with self.on_device():
+            return self._step()
+
+    def _step(self) -> list[RequestOutput]:
         scheduled = self.schedule()
         if not scheduled:
             return []
@@ -293,20 +305,21 @@ class LLMEngine:
         `on_chunk(seq_kv)` runs after each chunk (memory accounting). Frees its blocks at the end."""
         kv = SeqKV()
         logits = []
-        try:
-            for start in range(0, len(token_ids), chunk_size):
-                chunk = token_ids[start:start + chunk_size]
-                self.cache.allocate(kv, len(chunk))
-                batch = AttentionBatch([kv], [len(chunk)])
-                dev = self.args.device
-                hidden = self.model(torch.tensor(chunk, device=dev),
-                                    torch.arange(start, start + len(chunk), device=dev), self.cache, batch)
-                self.cache.commit(batch)
-                logits.append(self.model.logits(hidden).cpu())
-                if on_chunk is not None:
-                    on_chunk(kv)
-        finally:
-            self.cache.free(kv)
+        with self.on_device():
+            try:
+                for start in range(0, len(token_ids), chunk_size):
+                    chunk = token_ids[start:start + chunk_size]
+                    self.cache.allocate(kv, len(chunk))
+                    batch = AttentionBatch([kv], [len(chunk)])
+                    dev = self.args.device
+                    hidden = self.model(torch.tensor(chunk, device=dev),
+                                        torch.arange(start, start + len(chunk), device=dev), self.cache, batch)
+                    self.cache.commit(batch)
+                    logits.append(self.model.logits(hidden).cpu())
+                    if on_chunk is not None:
+                        on_chunk(kv)
+            finally:
+                self.cache.free(kv)
         return torch.cat(logits)
 
     def stats(self) -> dict:
