@@ -54,8 +54,13 @@ from kernels.paged_attention import (
 from kernels.tuning import get_config
 
 # best over B=8 L=32k and B=1 L=4k on the H200 (bench_attention.py --tune-shapes 8x32768 1x4096, 2026-12-01);
-# MIN_TOKENS_PER_SPLIT: the shortest split, 128 against the paged kernel's 256 (B=1 L=4k: 19 against 24 us)
-_DEFAULT_STAGE1 = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "MIN_TOKENS_PER_SPLIT": 128}
+# MIN_TOKENS_PER_SPLIT: the shortest split, 128 against the paged kernel's 256 (B=1 L=4k: 19 against 24 us);
+# NUM_WARPS_MANY_PAIRS: the warps when batch x kv heads >= MANY_PAIRS, where long splits fill the GPU and more
+# programs per SM hide each tile's latency (B=8 L=32k: 694 against 786 us; B=1 L=4k: 22.6 against 19.7 us with
+# 2 warps; BENCHMARKS.md section 2d)
+_DEFAULT_STAGE1 = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "MIN_TOKENS_PER_SPLIT": 128,
+                   "NUM_WARPS_MANY_PAIRS": 2}
+MANY_PAIRS = 64
 
 # The ALRKVDFormat options this kernel reads (and group = head_dim); other options take the PyTorch path.
 KERNEL_OPTIONS = {"latent_bits": 8, "basis_bits": 8, "scale_bits": 16, "codebook": "uniform", "rotate": False,
@@ -378,9 +383,13 @@ def _stage1_config(q, cache: AlrkvdLayer) -> dict:
     """Stage 1's launch parameters (kernels/tuning.py), MIN_TOKENS_PER_SPLIT included."""
     batch, num_q_heads, head_dim = q.shape
     group = num_q_heads // cache.num_kv_heads
-    return get_config("alrkvd_decode_stage1",
-                      f"head_dim={head_dim},group={group},block_size={cache.block_size},k_bits={cache.k_bits}",
-                      q.device, _DEFAULT_STAGE1)
+    cfg = get_config("alrkvd_decode_stage1",
+                     f"head_dim={head_dim},group={group},block_size={cache.block_size},k_bits={cache.k_bits}",
+                     q.device, _DEFAULT_STAGE1)
+    many_pairs_warps = cfg.pop("NUM_WARPS_MANY_PAIRS", None)
+    if many_pairs_warps and batch * cache.num_kv_heads >= MANY_PAIRS:
+        cfg["num_warps"] = many_pairs_warps
+    return cfg
 
 
 def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_lens, window_slots,

@@ -69,7 +69,7 @@ def main() -> None:
     ] + [
         (f"alrkvd stage 1 (rank<={r})", alrkvd_attention._alrkvd_decode_stage1, alr_ptrs, {"qk_scale"},
          dict(alr_common, BLOCK_N=cfg["BLOCK_N"], BLOCK_R=r),
-         {k: v for k, v in cfg.items() if k not in ("BLOCK_N", "MIN_TOKENS_PER_SPLIT")})
+         {k: v for k, v in cfg.items() if k not in ("BLOCK_N", "MIN_TOKENS_PER_SPLIT", "NUM_WARPS_MANY_PAIRS")})
         for r in (16, 64)
     ] + [
         ("kivi stage 1 (2 bits, D=128, G=4)", kivi_attention._kivi_decode_stage1,
