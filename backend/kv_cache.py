@@ -130,7 +130,9 @@ class PagedKVCache:
             return None
 
     def _encode_blocks(self, blocks: list[tuple[int, int, int, torch.Tensor, torch.Tensor]]):
-        """Compress full blocks, each (layer, block id, first position, k [T, H, D], v), with the format's encode."""
+        """Compress full blocks, each (layer, block id, first position, k [T, H, D], v), with the format's encode.
+        Looked up on each call, not bound once: the quality harness wraps the format's `encode_blocks` after the
+        cache exists (backend.evaluate.memoize_decode)."""
         self.format.encode_blocks(blocks)
 
     COMPRESS_CHUNK = 128  # blocks per compression call: bounds its temporaries (~2 MB per block at head_dim 128)

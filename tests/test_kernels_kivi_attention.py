@@ -2,7 +2,7 @@
 
 Blocks are quantized by backend.kv_formats.KIVIFormat itself (random data with outliers, and real
 SmolLM2-135M keys and values). Tolerance as for the ALR-KVD kernel: the kernel feeds tl.dot fp16
-operands (codes exactly, the query times the key scales, the weights times the value scales), so the
+operands (each key and value tile rebuilt from its codes, scales and zeros, then rounded to fp16), so the
 error that rounding keys and values to fp16 alone causes, e16, sets the budget:
     max|out - ref| <= 2 e16 + 2e-3 max(1, max|ref|)
 """
