@@ -17,6 +17,8 @@ window), per tile of 32 tokens (one key group) of a closed block:
     values: per group c of 32 channels (acc{c}), the tile [32, 32] rebuilt (per token a scale and zero),
             p @ v_c. (Folding the scales into the query or the weights instead cancels badly: a group's zero
             can be far larger than its values.)
+Tiles are rebuilt in fp16, the dot's operand type, with one fused multiply-add: rounding the product before
+adding the zero would lose what the zero cancels (`tl.fma`, which the CPU interpreter also rounds once).
 A run of codes (the bits at one position of every byte) is a contiguous run of tokens (keys) or channels
 (values), so a tile's codes come from one byte load, one mask and one shift. Codes become fp16 by bit
 pattern: (code | 0x6400) read as fp16 is 1024 + code, less 1024 exactly. Stage 2 is
@@ -95,9 +97,9 @@ def _value_group(acc, alpha, p, V_codes, V_scale, V_zero, rows, c: tl.constexpr,
     """acc [BLOCK_G, 32] of channel group c, rescaled, + p @ values_c (rows: tokens; per token a scale and zero)."""
     ch = c * 32
     codes = _codes(V_codes + ch % NBV, rows, tl.arange(0, 32), stride_vt, (ch // NBV) * BITS, BITS)  # [32, 32]
-    scale = tl.load(V_scale + rows * stride_st + c).to(tl.float32)
-    zero = tl.load(V_zero + rows * stride_st + c).to(tl.float32)
-    v = (codes.to(tl.float32) * scale[:, None] + zero[:, None]).to(tl.float16)
+    scale = tl.load(V_scale + rows * stride_st + c)
+    zero = tl.load(V_zero + rows * stride_st + c)
+    v = tl.fma(codes, scale[:, None], zero[:, None])  # fp16, one rounding: a group's zero can cancel the product
     return acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
 
 
@@ -178,11 +180,11 @@ def _kivi_decode_stage1(
             tok = tile * 32  # first token of the tile in its block: run tok // NBK, bytes tok % NBK ..
             # -- keys [D, 32]: codes * scale + zero, per channel for this tile's group
             ks = block * stride_ksn + kvh64 * stride_ksh + offs_d * stride_ksd + tile
-            k_scale = tl.load(K_scale + ks).to(tl.float32)
-            k_zero = tl.load(K_zero + ks).to(tl.float32)
+            k_scale = tl.load(K_scale + ks)
+            k_zero = tl.load(K_zero + ks)
             kp = K_codes + block * stride_kn + kvh64 * stride_kh + tok % NBK
             codes = _codes(kp, offs_d, offs_n, stride_kd, (tok // NBK) * BITS, BITS)  # [D, 32]
-            k = (codes.to(tl.float32) * k_scale[:, None] + k_zero[:, None]).to(tl.float16)
+            k = tl.fma(codes, k_scale[:, None], k_zero[:, None])  # fp16, one rounding (as for values)
             s = tl.dot(q16, k)
             p, alpha, m_i, l_i = softmax_update(s * qk_scale, all_n, m_i, l_i)
             # -- values, by groups of 32 channels
