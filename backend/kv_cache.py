@@ -114,6 +114,9 @@ class PagedKVCache:
             elif self.kernel_layers is not None:
                 from kernels.kivi_attention import kivi_decode_attention
                 self.decode_kernel = kivi_decode_attention
+        # the decode kernels' merge tickets (kernels.paged_attention.merge_if_last): zeros between calls, kept
+        # here so that a CUDA graph holds no memset of its own
+        self.decode_tickets = torch.zeros(max_num_seqs * cfg.num_kv_heads, dtype=torch.int32, device=device)
 
     def _kernel_views(self, kv_format: str, num_layers: int):
         """Per-layer views of a windowed format's storage for its decode kernel (kernels/alrkvd_attention.py,
@@ -323,11 +326,12 @@ class PagedKVCache:
             self.window_v[layer, slots, offsets] = v
             rope = (self.rotary.cos, self.rotary.sin) if self.rope_on_read else ()  # keys kept before RoPE
             return self.decode_kernel(q, self.kernel_layers[layer], self.window_k[layer], self.window_v[layer],
-                                      meta["tables"], meta["seq_lens"], meta["window_slots"], *rope, scale)
+                                      meta["tables"], meta["seq_lens"], meta["window_slots"], *rope, scale,
+                                      tickets=self.decode_tickets)
         self.format.write(layer, meta["block_ids"], meta["offsets"], k_rot, v)
         if self.decode_kernel is not None:
             return self.decode_kernel(q, self.format.k_cache[layer], self.format.v_cache[layer], meta["tables"],
-                                      meta["seq_lens"], scale)
+                                      meta["seq_lens"], scale, tickets=self.decode_tickets)
         B, width = meta["tables"].shape
         keys, values = self.format.decode(layer, meta["tables"].flatten())  # [B * width * bs, Hkv, D]
         keys = keys.view(B, -1, *keys.shape[1:]).transpose(1, 2)            # [B, Hkv, width * bs, D]

@@ -34,7 +34,8 @@ num_splits takes the window), per tile of BLOCK_N tokens of a closed block:
             (p * rscale) @ codes + p . rzero, accumulated run by run (output columns of run r in acc{r}).
 Codes become fp16 without an int-to-float conversion: the bits of run r masked in place and OR-ed with
 0x6400 read as the fp16 1024 + code * 2^(r * bits), less 1024 exactly; the power of two comes off after
-each fp32 dot. Stage 2 is `kernels.paged_attention.decode_reduce` (shared with every format).
+each fp32 dot. Stage 2 runs in stage 1: the last program of a (sequence, kv head) to finish merges the
+partials (`kernels.paged_attention.merge_if_last`, shared with every format).
 
 Public: `KERNEL_OPTIONS`, `kernel_options`, `AlrkvdLayer` (the per-layer views), `alrkvd_decode_attention`,
 `alrkvd_decode_attention_ref`. Nothing runs at import.
@@ -48,8 +49,8 @@ import triton
 import triton.language as tl
 
 from kernels.paged_attention import (
-    LOG2E, MIN_TOKENS_PER_SPLIT, _group_block, attend_ref, check_decode_inputs, decode_reduce, default_num_splits,
-    fp16_code, softmax_update, store_partial,
+    LOG2E, MIN_TOKENS_PER_SPLIT, _group_block, attend_ref, check_decode_inputs, decode_tickets, default_num_splits,
+    fp16_code, merge_chunk, merge_if_last, softmax_update, store_partial,
 )
 from kernels.tuning import get_config
 
@@ -168,8 +169,8 @@ def _alrkvd_decode_stage1(
     # Pointers: compressed blocks
     Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero,
     K_resid, K_rscale, K_rzero, V_resid, V_rscale, V_rzero,
-    # Pointers: partials
-    Mid_o, Mid_lse,
+    # Pointers: partials, the output, and one ticket per (sequence, kv head) for the merge (0 between calls)
+    Mid_o, Mid_lse, Out, Tickets,
     # Scalars
     qk_scale,  # softmax scale * log2(e)
     num_splits,  # programs per (sequence, kv head) over the closed blocks; grid axis 2 has one more
@@ -186,9 +187,10 @@ def _alrkvd_decode_stage1(
     stride_vsn, stride_vst, stride_vsh,
     stride_mob, stride_moh, stride_mos,
     stride_mlb, stride_mlh,
+    stride_ob, stride_oh,
     # Meta-parameters
     NUM_KV_HEADS: tl.constexpr,
-    GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, MERGE_G: tl.constexpr, MERGE_CHUNK: tl.constexpr,
     HEAD_DIM: tl.constexpr,  # a power of two
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block (T)
     BLOCK_N: tl.constexpr,  # tokens per tile, divides BLOCK_SIZE
@@ -197,7 +199,8 @@ def _alrkvd_decode_stage1(
     K_BITS: tl.constexpr, V_BITS: tl.constexpr,
 ):
     """Grid (B, num_kv_heads, num_splits + 1): splits 0..num_splits-1 share the closed (compressed)
-    blocks' tiles, split num_splits takes the window. Writes partials like `_paged_decode_stage1`."""
+    blocks' tiles, split num_splits takes the window. Each writes its partial like `_paged_decode_stage1`;
+    the last one to finish merges them into Out (`merge_if_last`)."""
     HALF: tl.constexpr = HEAD_DIM // 2
     TILES: tl.constexpr = BLOCK_SIZE // BLOCK_N
     pid_b = tl.program_id(0).to(tl.int64)
@@ -375,6 +378,12 @@ def _alrkvd_decode_stage1(
             store_partial(o_row, lse_row, acc3, m_i, l_i, heads, 3 * NV + offs_vc, mask_g, all_vc, stride_moh,
                           stride_mlh)
 
+    merge_g = tl.arange(0, MERGE_G)  # the merge has no tl.dot: the group unpadded
+    merge_if_last(Tickets + pid_b * NUM_KV_HEADS + pid_kvh, num_splits + 1, Mid_o + pid_b * stride_mob,
+                  Mid_lse + pid_b * stride_mlb, Out + pid_b * stride_ob, pid_kvh * GROUP + merge_g, merge_g < GROUP,
+                  offs_d, offs_d < HEAD_DIM, stride_moh, stride_mos, stride_mlh, stride_oh, MERGE_G, HEAD_DIM,
+                  MERGE_CHUNK)
+
 
 # ----------------------------------------------------------------------------------------------
 # Launchers
@@ -393,7 +402,7 @@ def _stage1_config(q, cache: AlrkvdLayer) -> dict:
 
 
 def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_lens, window_slots,
-                   cos, sin, scale, mid_o, mid_lse, cfg: dict):
+                   cos, sin, scale, mid_o, mid_lse, out, tickets, cfg: dict):
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads, block_size = cache.num_kv_heads, cache.block_size
     num_partials = mid_o.shape[2]
@@ -407,7 +416,7 @@ def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_
         q, block_tables, seq_lens, window_slots, window_k, window_v, cos, sin,
         cache.ranks, cache.basis, cache.basis_scale, cache.latent, cache.latent_scale, cache.latent_zero,
         cache.k_resid, cache.k_rscale, cache.k_rzero, cache.v_resid, cache.v_rscale, cache.v_rzero,
-        mid_o, mid_lse,
+        mid_o, mid_lse, out, tickets,
         scale * LOG2E, num_partials - 1,
         q.stride(0), q.stride(1), block_tables.stride(0), cos.stride(0),
         window_k.stride(0), window_k.stride(1), window_k.stride(2),
@@ -421,7 +430,10 @@ def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_
         cache.v_rscale.stride(0), cache.v_rscale.stride(1), cache.v_rscale.stride(2),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
-        NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=_group_block(group), HEAD_DIM=head_dim,
+        out.stride(0), out.stride(1),
+        NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=_group_block(group),
+        MERGE_G=triton.next_power_of_2(group), MERGE_CHUNK=merge_chunk(group, head_dim, cfg["num_warps"]),
+        HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n,
         BLOCK_R=max(16, triton.next_power_of_2(cache.rank_max)),
         BLOCK_S=triton.next_power_of_2(2 * num_kv_heads),
@@ -455,6 +467,7 @@ def alrkvd_decode_attention(
     sin: torch.Tensor,
     scale: float,
     num_splits: int | None = None,
+    tickets: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention of `q [B, Hq, D]` (rotated) over an ALR-KVD layer; returns `[B, Hq, D]`.
 
@@ -464,7 +477,8 @@ def alrkvd_decode_attention(
     1..block_size tokens. seq_lens `[B]` int32: cached tokens,
     the new one included. window_slots `[B]` int32: each sequence's window slot. cos/sin: RoPE tables
     `[max_pos, D]` fp32 (backend.model.Rotary.cos/.sin), max_pos >= every seq_len. num_splits: programs per (sequence, kv head) over the
-    closed blocks (one more takes the window); default from the shapes. No host sync.
+    closed blocks (one more takes the window); default from the shapes. tickets: int32 zeros of at least
+    B x Hkv entries, 0 again after the call (`decode_tickets`); None allocates them. No host sync.
     """
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads, block_size = cache.num_kv_heads, cache.block_size
@@ -484,8 +498,8 @@ def alrkvd_decode_attention(
     mid_lse = torch.empty(batch, num_q_heads, num_partials, dtype=torch.float32, device=q.device)
     out = torch.empty(batch, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
     _alrkvd_stage1(q, cache, window_k, window_v, block_tables, seq_lens, window_slots, cos, sin, scale,
-                   mid_o, mid_lse, cfg)
-    return decode_reduce(mid_o, mid_lse, out)
+                   mid_o, mid_lse, out, decode_tickets(tickets, batch * num_kv_heads, q.device), cfg)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -549,10 +563,11 @@ def alrkvd_decode_attention_ref(
     sin: torch.Tensor,
     scale: float,
     num_splits: int | None = None,
+    tickets: torch.Tensor | None = None,
     kv_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """The contract of `alrkvd_decode_attention` in fp32 PyTorch (decode blocks and window, attend).
-    `num_splits` is ignored; `kv_dtype` rounds the rebuilt, rotated keys and the values to that dtype
+    `num_splits` and `tickets` are ignored; `kv_dtype` rounds the rebuilt, rotated keys and the values to that dtype
     before attending (what the kernel's fp16 tl.dot operands do), for error budgets in tests."""
     out = torch.empty_like(q)
     T = cache.block_size

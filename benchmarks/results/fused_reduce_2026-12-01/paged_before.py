@@ -1,0 +1,342 @@
+"""Decode attention over the full-precision paged KV cache (flash-decoding, Triton).
+
+One query token per sequence attends to its whole cached context. The context is split across
+programs (stage 1: each program owns one kv head of one sequence and a contiguous run of tokens,
+and computes the partial softmax-weighted sum for every query head of that GQA group at once);
+stage 2 merges the partials with their log-sum-exp. Stage 2 is shared by every cache format
+(`kernels/alrkvd_attention.py` writes the same partials).
+
+Layout (docs/CONTRACTS.md), per layer:
+    k_cache, v_cache  [num_blocks, block_size, num_kv_heads, head_dim]   keys already rotated
+    q                 [B, num_q_heads, head_dim]
+    block_tables      [B, max_blocks] int32      block ids of each sequence, in order
+    seq_lens          [B] int32                  cached tokens of each sequence (the new one included)
+    returns           [B, num_q_heads, head_dim] in q's dtype
+Query head i reads kv head i // (num_q_heads // num_kv_heads), as in HF `repeat_kv`.
+
+Public: `paged_decode_attention` (the dispatcher) and `paged_decode_attention_ref` (PyTorch).
+Nothing runs at import. Structure after vLLM's `triton_decode_attention.py` (stage1/stage2),
+written anew for this layout: all heads of a group share each K/V tile (tl.dot), splits are whole
+tiles, offsets are int64, exp2 with the scale folded into q.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.tuning import get_config, num_sms
+
+LOG2E = 1.4426950408889634
+
+# Stage 1 launch parameters when no tuned JSON exists (kernels/tuning.py); tuned per device there.
+_DEFAULT_STAGE1 = {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2}  # sm_90: 186 regs, no spill
+# Fewest tokens one split should cover: below this the merge costs more than the parallelism gains.
+MIN_TOKENS_PER_SPLIT = 256
+MAX_SPLITS = 64
+
+
+# ----------------------------------------------------------------------------------------------
+# Stage 1: partial attention of one (sequence, kv head, split)
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def softmax_update(s, mask_n, m_i, l_i):
+    """Online softmax step over a tile of scores s [BLOCK_G, BLOCK_N] (log2 units; columns outside
+    mask_n ignored): returns the tile's weights p, the rescale alpha of the running sums, m and l."""
+    s = tl.where(mask_n[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def fp16_code(x):
+    """A low-bit code x (int16, at most 10 bits) as fp16 without an int-to-float conversion: (x | 0x6400) read
+    as fp16 is 1024 + x; taking 1024 off is exact (the compressed formats' decode kernels)."""
+    return (x | 0x6400).to(tl.float16, bitcast=True) - 1024.0
+
+
+@triton.jit
+def store_partial(Mid_o_row, Mid_lse_row, acc, m_i, l_i, heads, offs_d, mask_g, mask_d, stride_moh, stride_mlh):
+    """Store a split's normalised partial output and its log2-sum-exp2 (an empty split: 0 and -inf)."""
+    nonempty = l_i > 0
+    l_safe = tl.where(nonempty, l_i, 1.0)
+    lse = tl.where(nonempty, m_i + tl.log2(l_safe), float("-inf"))
+    tl.store(Mid_o_row + heads[:, None] * stride_moh + offs_d[None, :], acc / l_safe[:, None],
+             mask=mask_g[:, None] & mask_d[None, :])
+    tl.store(Mid_lse_row + heads * stride_mlh, lse, mask=mask_g)
+
+
+@triton.jit
+def _paged_decode_stage1(
+    # Pointers to tensors
+    Q, K_cache, V_cache, Block_tables, Seq_lens, Mid_o, Mid_lse,
+    # Scalars
+    qk_scale,  # softmax scale * log2(e)
+    num_splits,  # programs per (sequence, kv head): grid axis 2
+    # Strides
+    stride_qb, stride_qh,
+    stride_kn, stride_kt, stride_kh,  # k_cache: block, token in block, kv head (head_dim contiguous)
+    stride_vn, stride_vt, stride_vh,
+    stride_btb,
+    stride_mob, stride_moh, stride_mos,  # mid_o [B, Hq, S, D] (D contiguous)
+    stride_mlb, stride_mlh,  # mid_lse [B, Hq, S] (S contiguous)
+    # Meta-parameters
+    GROUP: tl.constexpr,  # query heads per kv head
+    BLOCK_G: tl.constexpr,  # GROUP padded to a tl.dot-able power of two (>= 16)
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # tokens per tile
+    DOT_DTYPE: tl.constexpr,  # the cache dtype (see `dot_dtype`)
+):
+    """Grid (B, num_kv_heads, num_splits). Writes mid_o[b, heads, s] = softmax-normalised partial
+    output and mid_lse[b, heads, s] = its log2-sum-exp2 (-inf for an empty split)."""
+    pid_b = tl.program_id(0).to(tl.int64)
+    pid_kvh = tl.program_id(1)
+    pid_s = tl.program_id(2)
+
+    # -- this split's tokens: whole tiles, the last split takes what is left
+    seq_len = tl.load(Seq_lens + pid_b)
+    tiles_per_split = tl.cdiv(tl.cdiv(seq_len, BLOCK_N), num_splits)
+    start = pid_s * tiles_per_split * BLOCK_N
+    end = tl.minimum(start + tiles_per_split * BLOCK_N, seq_len)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_g = offs_g < GROUP
+    mask_d = offs_d < HEAD_DIM
+    heads = pid_kvh * GROUP + offs_g
+
+    # -- the group's queries, rounded to the cache dtype as tl.dot's operand
+    q_ptrs = Q + pid_b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=mask_g[:, None] & mask_d[None, :], other=0.0)
+    q = q.to(K_cache.dtype.element_ty).to(DOT_DTYPE)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+
+    bt_row = Block_tables + pid_b * stride_btb
+    k_head = K_cache + pid_kvh.to(tl.int64) * stride_kh
+    v_head = V_cache + pid_kvh.to(tl.int64) * stride_vh
+    for start_n in range(start, end, BLOCK_N):
+        # -- gather the tile's tokens through the block table
+        tok = start_n + offs_n
+        mask_n = tok < end
+        block = tl.load(bt_row + tok // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+        slot = tok % PAGE_SIZE
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_head + (block * stride_kn + slot * stride_kt)[:, None] + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        v = tl.load(v_head + (block * stride_vn + slot * stride_vt)[:, None] + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+
+        # -- online softmax over the tile, all query heads of the group at once
+        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE))) * qk_scale  # [BLOCK_G, BLOCK_N] fp32, log2 units
+        p, alpha, m_i, l_i = softmax_update(s, mask_n, m_i, l_i)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype).to(DOT_DTYPE), v.to(DOT_DTYPE))
+
+    store_partial(Mid_o + pid_b * stride_mob + pid_s * stride_mos, Mid_lse + pid_b * stride_mlb + pid_s,
+                  acc, m_i, l_i, heads, offs_d, mask_g, mask_d, stride_moh, stride_mlh)
+
+
+# ----------------------------------------------------------------------------------------------
+# Stage 2: merge the splits (shared by every cache format)
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _decode_reduce_stage2(
+    # Pointers to tensors
+    Mid_o, Mid_lse, Out,
+    # Sizes
+    num_partials,
+    # Strides
+    stride_mob, stride_moh, stride_mos,
+    stride_mlb, stride_mlh,
+    stride_ob, stride_oh,
+    # Meta-parameters
+    BLOCK_P: tl.constexpr,  # num_partials padded to a power of two
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Grid (B, num_q_heads). out[b, h] = sum_s w_s mid_o[b, h, s] / sum_s w_s, w_s = 2^(lse_s - max)."""
+    pid_b = tl.program_id(0).to(tl.int64)
+    pid_h = tl.program_id(1).to(tl.int64)
+    offs_p = tl.arange(0, BLOCK_P)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+
+    lse_row = Mid_lse + pid_b * stride_mlb + pid_h * stride_mlh
+    lse = tl.load(lse_row + offs_p, mask=offs_p < num_partials, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # nothing cached at all: output zeros, not NaN
+
+    o_row = Mid_o + pid_b * stride_mob + pid_h * stride_moh
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    denom = 0.0
+    for p in range(num_partials):
+        w = tl.exp2(tl.load(lse_row + p) - m)
+        acc += w * tl.load(o_row + p * stride_mos + offs_d, mask=mask_d, other=0.0)
+        denom += w
+    denom = tl.where(denom > 0, denom, 1.0)
+    tl.store(Out + pid_b * stride_ob + pid_h * stride_oh + offs_d, acc / denom, mask=mask_d)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+def default_num_splits(batch: int, num_kv_heads: int, max_len: int, device: torch.device,
+                       min_tokens: int = MIN_TOKENS_PER_SPLIT) -> int:
+    """Splits per sequence: enough programs for about four waves, each split >= min_tokens.
+    Depends on shapes only (max_len = block-table width x block size), so no host sync."""
+    want = triton.cdiv(4 * num_sms(device), batch * num_kv_heads)
+    most = max(1, min(MAX_SPLITS, max_len // min_tokens))
+    return max(1, min(want, most))
+
+
+_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+
+def dot_dtype(dtype: torch.dtype, device: torch.device):
+    """The tl.dot operand type for a cache of `dtype`: the dtype itself, except bf16 under the CPU
+    interpreter, whose tl.dot reads bf16 operands as raw uint16 (triton 3.9): there operands are
+    rounded to bf16 first, then widened to fp32, which gives the same products."""
+    if device.type == "cpu" and dtype == torch.bfloat16:
+        return tl.float32
+    return _TL_DTYPES[dtype]
+
+
+def _group_block(group: int) -> int:
+    return max(16, triton.next_power_of_2(group))
+
+
+def _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o, mid_lse):
+    batch, num_q_heads, head_dim = q.shape
+    _, page_size, num_kv_heads, _ = k_cache.shape
+    num_splits = mid_o.shape[2]
+    assert mid_o.shape == (batch, num_q_heads, num_splits, head_dim) and mid_o.dtype == torch.float32
+    assert mid_lse.shape == (batch, num_q_heads, num_splits) and mid_lse.dtype == torch.float32
+    assert mid_o.stride(-1) == 1 and mid_lse.stride(-1) == 1
+    group = num_q_heads // num_kv_heads
+    cfg = get_config("paged_decode_stage1", f"head_dim={head_dim},group={group},page_size={page_size}",
+                     q.device, _DEFAULT_STAGE1)
+    block_n = cfg.pop("BLOCK_N")
+    grid = (batch, num_kv_heads, num_splits)
+    _paged_decode_stage1[grid](
+        q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse,
+        scale * LOG2E, num_splits,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0),
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        mid_lse.stride(0), mid_lse.stride(1),
+        GROUP=group, BLOCK_G=_group_block(group), HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim), PAGE_SIZE=page_size, BLOCK_N=block_n,
+        DOT_DTYPE=dot_dtype(k_cache.dtype, q.device), **cfg,
+    )
+
+
+def decode_reduce(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Stage 2 launcher: merge partials `mid_o [B, Hq, P, D]`, `mid_lse [B, Hq, P]` (log2 units)
+    into the caller-allocated `out [B, Hq, D]`."""
+    batch, num_q_heads, num_partials, head_dim = mid_o.shape
+    assert mid_lse.shape == (batch, num_q_heads, num_partials)
+    assert out.shape == (batch, num_q_heads, head_dim) and out.stride(-1) == 1
+    assert mid_o.stride(-1) == 1 and mid_lse.stride(-1) == 1
+    _decode_reduce_stage2[(batch, num_q_heads)](
+        mid_o, mid_lse, out,
+        num_partials,
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1),
+        BLOCK_P=triton.next_power_of_2(num_partials),
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        num_warps=1 if head_dim <= 128 else 2,
+    )
+    return out
+
+
+def check_decode_inputs(q, block_tables, seq_lens, num_kv_heads: int, head_dim: int) -> None:
+    """Shape/dtype checks common to every decode-attention format."""
+    assert q.dim() == 3 and q.shape[2] == head_dim, f"q {tuple(q.shape)} vs head_dim {head_dim}"
+    assert q.stride(-1) == 1, "q's head_dim must be contiguous"
+    assert q.shape[1] % num_kv_heads == 0, "num_q_heads must be a multiple of num_kv_heads"
+    assert block_tables.dtype == torch.int32 and block_tables.dim() == 2
+    assert block_tables.shape[0] == q.shape[0] and block_tables.stride(-1) == 1
+    assert seq_lens.dtype == torch.int32 and seq_lens.shape == (q.shape[0],)
+    assert q.device == block_tables.device == seq_lens.device
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Decode attention of `q [B, Hq, D]` over the paged `k_cache`/`v_cache`
+    `[num_blocks, block_size, Hkv, D]` (keys rotated); returns `[B, Hq, D]` in q's dtype.
+
+    `num_splits`: programs per (sequence, kv head); default from the shapes (`default_num_splits`).
+    No host synchronisation: safe under CUDA-graph capture.
+    """
+    batch, num_q_heads, head_dim = q.shape
+    num_blocks, page_size, num_kv_heads, _ = k_cache.shape
+    check_decode_inputs(q, block_tables, seq_lens, num_kv_heads, head_dim)
+    assert k_cache.shape == v_cache.shape and k_cache.shape[3] == head_dim
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    assert k_cache.dtype == v_cache.dtype and q.device == k_cache.device
+    if num_splits is None:
+        num_splits = default_num_splits(batch, num_kv_heads, block_tables.shape[1] * page_size, q.device)
+    mid_o = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
+    out = torch.empty(batch, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
+    _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o, mid_lse)
+    return decode_reduce(mid_o, mid_lse, out)
+
+
+# ----------------------------------------------------------------------------------------------
+# PyTorch reference
+# ----------------------------------------------------------------------------------------------
+def gather_paged(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """One sequence's `[seq_len, H, D]` rows of a paged `[num_blocks, block_size, H, D]` cache."""
+    block_size = cache.shape[1]
+    blocks = block_table[: math.ceil(seq_len / block_size)].long()
+    return cache[blocks].flatten(0, 1)[:seq_len]
+
+
+def attend_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """fp32 attention of one token `q [Hq, D]` over `k, v [L, Hkv, D]` (GQA by repeat); `[Hq, D]`."""
+    group = q.shape[0] // k.shape[1]
+    if k.shape[0] == 0:
+        return torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    k = k.float().repeat_interleave(group, dim=1)  # [L, Hq, D]
+    v = v.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("hd,lhd->hl", q.float(), k) * scale
+    return torch.einsum("hl,lhd->hd", scores.softmax(-1), v)
+
+
+def paged_decode_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """The same contract as `paged_decode_attention`, in fp32 PyTorch (the engine's CPU path).
+    `num_splits` is accepted and ignored."""
+    out = torch.empty_like(q)
+    for b, seq_len in enumerate(seq_lens.tolist()):
+        k = gather_paged(k_cache, block_tables[b], seq_len)
+        v = gather_paged(v_cache, block_tables[b], seq_len)
+        out[b] = attend_ref(q[b], k, v, scale).to(q.dtype)
+    return out
