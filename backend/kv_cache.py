@@ -9,6 +9,7 @@ of a page-addressed format writes every sequence's token at once and attends in 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -107,16 +108,15 @@ class PagedKVCache:
                 self.decode_kernel = paged_decode_attention
             elif self.kernel_layers is not None and kv_format == "alrkvd":
                 from kernels.alrkvd_attention import alrkvd_decode_attention
-                self.decode_kernel = alrkvd_decode_attention
+                # the kernel's merge tickets, zeros between calls: held here so a CUDA graph holds no memset
+                tickets = torch.zeros(max_num_seqs * cfg.num_kv_heads, dtype=torch.int32, device=device)
+                self.decode_kernel = functools.partial(alrkvd_decode_attention, tickets=tickets)
                 self.compress = self._compress_kernel
                 if compress_stream:  # blocks filled by decode steps: compressed behind the attention
                     self.compress_stream = torch.cuda.Stream(device)
             elif self.kernel_layers is not None:
                 from kernels.kivi_attention import kivi_decode_attention
                 self.decode_kernel = kivi_decode_attention
-        # the decode kernels' merge tickets (kernels.paged_attention.merge_if_last): zeros between calls, kept
-        # here so that a CUDA graph holds no memset of its own
-        self.decode_tickets = torch.zeros(max_num_seqs * cfg.num_kv_heads, dtype=torch.int32, device=device)
 
     def _kernel_views(self, kv_format: str, num_layers: int):
         """Per-layer views of a windowed format's storage for its decode kernel (kernels/alrkvd_attention.py,
@@ -326,12 +326,11 @@ class PagedKVCache:
             self.window_v[layer, slots, offsets] = v
             rope = (self.rotary.cos, self.rotary.sin) if self.rope_on_read else ()  # keys kept before RoPE
             return self.decode_kernel(q, self.kernel_layers[layer], self.window_k[layer], self.window_v[layer],
-                                      meta["tables"], meta["seq_lens"], meta["window_slots"], *rope, scale,
-                                      tickets=self.decode_tickets)
+                                      meta["tables"], meta["seq_lens"], meta["window_slots"], *rope, scale)
         self.format.write(layer, meta["block_ids"], meta["offsets"], k_rot, v)
         if self.decode_kernel is not None:
             return self.decode_kernel(q, self.format.k_cache[layer], self.format.v_cache[layer], meta["tables"],
-                                      meta["seq_lens"], scale, tickets=self.decode_tickets)
+                                      meta["seq_lens"], scale)
         B, width = meta["tables"].shape
         keys, values = self.format.decode(layer, meta["tables"].flatten())  # [B * width * bs, Hkv, D]
         keys = keys.view(B, -1, *keys.shape[1:]).transpose(1, 2)            # [B, Hkv, width * bs, D]

@@ -35,7 +35,8 @@ num_splits takes the window), per tile of BLOCK_N tokens of a closed block:
 Codes become fp16 without an int-to-float conversion: the bits of run r masked in place and OR-ed with
 0x6400 read as the fp16 1024 + code * 2^(r * bits), less 1024 exactly; the power of two comes off after
 each fp32 dot. Stage 2 runs in stage 1: the last program of a (sequence, kv head) to finish merges the
-partials (`kernels.paged_attention.merge_if_last`, shared with every format).
+partials (`kernels.paged_attention.merge_if_last`): no second kernel, 1 us less at B=1 L=4k on the H200
+(BENCHMARKS.md section 2e; the paged and KIVI kernels measured slower with it and keep `decode_reduce`).
 
 Public: `KERNEL_OPTIONS`, `kernel_options`, `AlrkvdLayer` (the per-layer views), `alrkvd_decode_attention`,
 `alrkvd_decode_attention_ref`. Nothing runs at import.
@@ -563,11 +564,10 @@ def alrkvd_decode_attention_ref(
     sin: torch.Tensor,
     scale: float,
     num_splits: int | None = None,
-    tickets: torch.Tensor | None = None,
     kv_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """The contract of `alrkvd_decode_attention` in fp32 PyTorch (decode blocks and window, attend).
-    `num_splits` and `tickets` are ignored; `kv_dtype` rounds the rebuilt, rotated keys and the values to that dtype
+    `num_splits` is ignored; `kv_dtype` rounds the rebuilt, rotated keys and the values to that dtype
     before attending (what the kernel's fp16 tl.dot operands do), for error budgets in tests."""
     out = torch.empty_like(q)
     T = cache.block_size

@@ -21,8 +21,8 @@ Tiles are rebuilt in fp16, the dot's operand type, with one fused multiply-add: 
 adding the zero would lose what the zero cancels (`tl.fma`, which the CPU interpreter also rounds once).
 A run of codes (the bits at one position of every byte) is a contiguous run of tokens (keys) or channels
 (values), so a tile's codes come from one byte load, one mask and one shift. Codes become fp16 by bit
-pattern: (code | 0x6400) read as fp16 is 1024 + code, less 1024 exactly. The last program of a
-(sequence, kv head) to finish merges the partials (`kernels.paged_attention.merge_if_last`).
+pattern: (code | 0x6400) read as fp16 is 1024 + code, less 1024 exactly. Stage 2 is
+`kernels.paged_attention.decode_reduce`.
 
 Public: `KiviLayer` (the per-layer views), `kivi_decode_attention`, `kivi_decode_attention_ref`.
 Nothing runs at import.
@@ -36,8 +36,8 @@ import triton
 import triton.language as tl
 
 from kernels.paged_attention import (
-    LOG2E, MIN_TOKENS_PER_SPLIT, _group_block, attend_ref, check_decode_inputs, decode_tickets, default_num_splits,
-    fp16_code, merge_chunk, merge_if_last, softmax_update, store_partial,
+    LOG2E, MIN_TOKENS_PER_SPLIT, _group_block, attend_ref, check_decode_inputs, decode_reduce, default_num_splits,
+    fp16_code, softmax_update, store_partial,
 )
 from kernels.tuning import get_config
 
@@ -107,7 +107,7 @@ def _value_group(acc, alpha, p, V_codes, V_scale, V_zero, rows, c: tl.constexpr,
 def _kivi_decode_stage1(
     Q, Block_tables, Seq_lens, Window_slots, Window_k, Window_v,
     K_codes, K_scale, K_zero, V_codes, V_scale, V_zero,
-    Mid_o, Mid_lse, Out, Tickets,  # Tickets: one per (sequence, kv head), 0 between calls
+    Mid_o, Mid_lse,
     qk_scale,  # softmax scale * log2(e)
     num_splits,
     stride_qb, stride_qh, stride_btb,
@@ -118,15 +118,13 @@ def _kivi_decode_stage1(
     stride_vsn, stride_vst, stride_vsh,  # v_scale and v_zero: block, token, head (groups contiguous)
     stride_mob, stride_moh, stride_mos,
     stride_mlb, stride_mlh,
-    stride_ob, stride_oh,
-    GROUP_Q: tl.constexpr, BLOCK_G: tl.constexpr, MERGE_G: tl.constexpr, MERGE_CHUNK: tl.constexpr,
+    GROUP_Q: tl.constexpr, BLOCK_G: tl.constexpr,
     HEAD_DIM: tl.constexpr,  # 64 or 128
     BLOCK_SIZE: tl.constexpr,
     BITS: tl.constexpr,  # 2 or 4
 ):
     """Grid (B, num_kv_heads, num_splits + 1): splits 0..num_splits-1 share the closed blocks' 32-token
-    tiles, split num_splits takes the window. Writes partials like `_paged_decode_stage1`, and the last to
-    finish merges them into Out."""
+    tiles, split num_splits takes the window. Writes partials like `_paged_decode_stage1`."""
     TILES: tl.constexpr = BLOCK_SIZE // 32
     NBK: tl.constexpr = BLOCK_SIZE * BITS // 8  # bytes of a channel's packed tokens
     NBV: tl.constexpr = HEAD_DIM * BITS // 8  # bytes of a token's packed channels
@@ -206,12 +204,6 @@ def _kivi_decode_stage1(
             store_partial(o_row, lse_row, acc2, m_i, l_i, heads, 64 + offs_n, mask_g, all_c, stride_moh, stride_mlh)
             store_partial(o_row, lse_row, acc3, m_i, l_i, heads, 96 + offs_n, mask_g, all_c, stride_moh, stride_mlh)
 
-    merge_g = tl.arange(0, MERGE_G)
-    merge_if_last(Tickets + pid_b * tl.num_programs(1) + pid_kvh, num_splits + 1, Mid_o + pid_b * stride_mob,
-                  Mid_lse + pid_b * stride_mlb, Out + pid_b * stride_ob, pid_kvh * GROUP_Q + merge_g,
-                  merge_g < GROUP_Q, offs_d, offs_d < HEAD_DIM, stride_moh, stride_mos, stride_mlh, stride_oh,
-                  MERGE_G, HEAD_DIM, MERGE_CHUNK)
-
 
 def kivi_decode_attention(
     q: torch.Tensor,
@@ -223,15 +215,13 @@ def kivi_decode_attention(
     window_slots: torch.Tensor,
     scale: float,
     num_splits: int | None = None,
-    tickets: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention of `q [B, Hq, D]` (rotated) over a KIVI layer; returns `[B, Hq, D]`.
 
     cache: `KiviLayer.from_format(fmt, layer)`. window_k/window_v: this layer's window `[num_slots,
     block_size, Hkv, D]` (keys rotated). block_tables `[B, max_blocks]` int32: the first (seq_len - 1) //
     block_size entries are the closed blocks; the window holds the other 1..block_size tokens. seq_lens
-    `[B]` int32: cached tokens, the new one included. window_slots `[B]` int32. tickets: as
-    `paged_decode_attention`'s. No host sync."""
+    `[B]` int32: cached tokens, the new one included. window_slots `[B]` int32. No host sync."""
     batch, num_q_heads, head_dim = q.shape
     H, T = cache.num_kv_heads, cache.block_size
     check_decode_inputs(q, block_tables, seq_lens, H, head_dim)
@@ -250,11 +240,10 @@ def kivi_decode_attention(
         num_splits = default_num_splits(batch, H, block_tables.shape[1] * T, q.device, min_tokens)
     mid_o = torch.empty(batch, num_q_heads, num_splits + 1, head_dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(batch, num_q_heads, num_splits + 1, dtype=torch.float32, device=q.device)
-    out = torch.empty(batch, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
     _kivi_decode_stage1[(batch, H, num_splits + 1)](
         q, block_tables, seq_lens, window_slots, window_k, window_v,
         cache.k_codes, cache.k_scale, cache.k_zero, cache.v_codes, cache.v_scale, cache.v_zero,
-        mid_o, mid_lse, out, decode_tickets(tickets, batch * H, q.device), scale * LOG2E, num_splits,
+        mid_o, mid_lse, scale * LOG2E, num_splits,
         q.stride(0), q.stride(1), block_tables.stride(0),
         window_k.stride(0), window_k.stride(1), window_k.stride(2),
         cache.k_codes.stride(0), cache.k_codes.stride(1), cache.k_codes.stride(2),
@@ -262,20 +251,16 @@ def kivi_decode_attention(
         cache.v_codes.stride(0), cache.v_codes.stride(1), cache.v_codes.stride(2),
         cache.v_scale.stride(0), cache.v_scale.stride(1), cache.v_scale.stride(2),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        out.stride(0), out.stride(1),
-        GROUP_Q=group, BLOCK_G=_group_block(group), MERGE_G=triton.next_power_of_2(group),
-        MERGE_CHUNK=merge_chunk(group, head_dim, cfg["num_warps"]), HEAD_DIM=head_dim, BLOCK_SIZE=T, BITS=cache.bits,
-        **cfg,
+        GROUP_Q=group, BLOCK_G=_group_block(group), HEAD_DIM=head_dim, BLOCK_SIZE=T, BITS=cache.bits, **cfg,
     )
-    return out
+    out = torch.empty(batch, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
+    return decode_reduce(mid_o, mid_lse, out)
 
 
 def kivi_decode_attention_ref(q, cache: KiviLayer, window_k, window_v, block_tables, seq_lens, window_slots,
-                              scale: float, num_splits: int | None = None, tickets: torch.Tensor | None = None,
-                              kv_dtype: torch.dtype | None = None):
+                              scale: float, num_splits: int | None = None, kv_dtype: torch.dtype | None = None):
     """The contract of `kivi_decode_attention` in fp32 PyTorch: the format's own dequantization of the closed
-    blocks (backend.kv_formats.KIVIFormat.dequantize), then the window, then attention (`num_splits` and
-    `tickets` ignored). `kv_dtype` rounds keys
+    blocks (backend.kv_formats.KIVIFormat.dequantize), then the window, then attention. `kv_dtype` rounds keys
     and values to that dtype first (what the kernel's fp16 dot operands do), for error budgets in tests."""
     from backend.kv_formats import KIVIFormat
     out = torch.empty_like(q)

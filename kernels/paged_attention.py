@@ -3,9 +3,8 @@
 One query token per sequence attends to its whole cached context. The context is split across
 programs (stage 1: each program owns one kv head of one sequence and a contiguous run of tokens,
 and computes the partial softmax-weighted sum for every query head of that GQA group at once);
-the last program of a (sequence, kv head) to finish merges the partials with their log-sum-exp
-(`merge_if_last`: stage 2 inside stage 1, no second kernel). Every cache format's kernel writes the
-same partials and merges them the same way.
+stage 2 merges the partials with their log-sum-exp. Stage 2 is shared by the KIVI kernel; the ALR-KVD
+kernel writes the same partials and merges them inside its stage 1 instead (`merge_if_last`).
 
 Layout (docs/CONTRACTS.md), per layer:
     k_cache, v_cache  [num_blocks, block_size, num_kv_heads, head_dim]   keys already rotated
@@ -112,7 +111,7 @@ def merge_if_last(Ticket, num_partials, Mid_o_row, Mid_lse_row, Out_row, heads, 
 @triton.jit
 def _paged_decode_stage1(
     # Pointers to tensors
-    Q, K_cache, V_cache, Block_tables, Seq_lens, Mid_o, Mid_lse, Out, Tickets,
+    Q, K_cache, V_cache, Block_tables, Seq_lens, Mid_o, Mid_lse,
     # Scalars
     qk_scale,  # softmax scale * log2(e)
     num_splits,  # programs per (sequence, kv head): grid axis 2
@@ -123,21 +122,18 @@ def _paged_decode_stage1(
     stride_btb,
     stride_mob, stride_moh, stride_mos,  # mid_o [B, Hq, S, D] (D contiguous)
     stride_mlb, stride_mlh,  # mid_lse [B, Hq, S] (S contiguous)
-    stride_ob, stride_oh,  # out [B, Hq, D]
     # Meta-parameters
-    NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,  # query heads per kv head
     BLOCK_G: tl.constexpr,  # GROUP padded to a tl.dot-able power of two (>= 16)
-    MERGE_G: tl.constexpr, MERGE_CHUNK: tl.constexpr,  # GROUP padded to a power of two (no tl.dot); `merge_chunk`
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,  # tokens per tile
     DOT_DTYPE: tl.constexpr,  # the cache dtype (see `dot_dtype`)
+    DOT_PRECISION: tl.constexpr,  # "ieee" for an fp32 cache (exact, as `full` promises; tf32 is not), else unused
 ):
     """Grid (B, num_kv_heads, num_splits). Writes mid_o[b, heads, s] = softmax-normalised partial
-    output and mid_lse[b, heads, s] = its log2-sum-exp2 (-inf for an empty split); the last split of a
-    (sequence, kv head) to finish merges them into out (`merge_if_last`)."""
+    output and mid_lse[b, heads, s] = its log2-sum-exp2 (-inf for an empty split)."""
     pid_b = tl.program_id(0).to(tl.int64)
     pid_kvh = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -180,16 +176,53 @@ def _paged_decode_stage1(
                     mask=kv_mask, other=0.0)
 
         # -- online softmax over the tile, all query heads of the group at once
-        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE))) * qk_scale  # [BLOCK_G, BLOCK_N] fp32, log2 units
+        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * qk_scale  # fp32, log2 units
         p, alpha, m_i, l_i = softmax_update(s, mask_n, m_i, l_i)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype).to(DOT_DTYPE), v.to(DOT_DTYPE))
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype).to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
 
     store_partial(Mid_o + pid_b * stride_mob + pid_s * stride_mos, Mid_lse + pid_b * stride_mlb + pid_s,
                   acc, m_i, l_i, heads, offs_d, mask_g, mask_d, stride_moh, stride_mlh)
-    merge_g = tl.arange(0, MERGE_G)
-    merge_if_last(Tickets + pid_b * NUM_KV_HEADS + pid_kvh, num_splits, Mid_o + pid_b * stride_mob,
-                  Mid_lse + pid_b * stride_mlb, Out + pid_b * stride_ob, pid_kvh * GROUP + merge_g, merge_g < GROUP,
-                  offs_d, mask_d, stride_moh, stride_mos, stride_mlh, stride_oh, MERGE_G, BLOCK_D, MERGE_CHUNK)
+
+
+# ----------------------------------------------------------------------------------------------
+# Stage 2: merge the splits (shared by every cache format)
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _decode_reduce_stage2(
+    # Pointers to tensors
+    Mid_o, Mid_lse, Out,
+    # Sizes
+    num_partials,
+    # Strides
+    stride_mob, stride_moh, stride_mos,
+    stride_mlb, stride_mlh,
+    stride_ob, stride_oh,
+    # Meta-parameters
+    BLOCK_P: tl.constexpr,  # num_partials padded to a power of two
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Grid (B, num_q_heads). out[b, h] = sum_s w_s mid_o[b, h, s] / sum_s w_s, w_s = 2^(lse_s - max)."""
+    pid_b = tl.program_id(0).to(tl.int64)
+    pid_h = tl.program_id(1).to(tl.int64)
+    offs_p = tl.arange(0, BLOCK_P)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+
+    lse_row = Mid_lse + pid_b * stride_mlb + pid_h * stride_mlh
+    lse = tl.load(lse_row + offs_p, mask=offs_p < num_partials, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # nothing cached at all: output zeros, not NaN
+
+    o_row = Mid_o + pid_b * stride_mob + pid_h * stride_moh
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    denom = 0.0
+    for p in range(num_partials):
+        w = tl.exp2(tl.load(lse_row + p) - m)
+        acc += w * tl.load(o_row + p * stride_mos + offs_d, mask=mask_d, other=0.0)
+        denom += w
+    denom = tl.where(denom > 0, denom, 1.0)
+    tl.store(Out + pid_b * stride_ob + pid_h * stride_oh + offs_d, acc / denom, mask=mask_d)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -220,7 +253,7 @@ def _group_block(group: int) -> int:
     return max(16, triton.next_power_of_2(group))
 
 
-def _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o, mid_lse, out, tickets):
+def _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o, mid_lse):
     batch, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
     num_splits = mid_o.shape[2]
@@ -233,7 +266,7 @@ def _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o
     block_n = cfg.pop("BLOCK_N")
     grid = (batch, num_kv_heads, num_splits)
     _paged_decode_stage1[grid](
-        q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out, tickets,
+        q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse,
         scale * LOG2E, num_splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -241,12 +274,31 @@ def _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o
         block_tables.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
-        out.stride(0), out.stride(1),
-        NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=_group_block(group),
-        MERGE_G=triton.next_power_of_2(group), MERGE_CHUNK=merge_chunk(group, head_dim, cfg["num_warps"]),
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE_SIZE=page_size, BLOCK_N=block_n,
-        DOT_DTYPE=dot_dtype(k_cache.dtype, q.device), **cfg,
+        GROUP=group, BLOCK_G=_group_block(group), HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim), PAGE_SIZE=page_size, BLOCK_N=block_n,
+        DOT_DTYPE=dot_dtype(k_cache.dtype, q.device),
+        DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32", **cfg,
     )
+
+
+def decode_reduce(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Stage 2 launcher: merge partials `mid_o [B, Hq, P, D]`, `mid_lse [B, Hq, P]` (log2 units)
+    into the caller-allocated `out [B, Hq, D]`."""
+    batch, num_q_heads, num_partials, head_dim = mid_o.shape
+    assert mid_lse.shape == (batch, num_q_heads, num_partials)
+    assert out.shape == (batch, num_q_heads, head_dim) and out.stride(-1) == 1
+    assert mid_o.stride(-1) == 1 and mid_lse.stride(-1) == 1
+    _decode_reduce_stage2[(batch, num_q_heads)](
+        mid_o, mid_lse, out,
+        num_partials,
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1),
+        BLOCK_P=triton.next_power_of_2(num_partials),
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        num_warps=1 if head_dim <= 128 else 2,
+    )
+    return out
 
 
 def merge_chunk(group: int, head_dim: int, num_warps: int) -> int:
@@ -284,14 +336,12 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
     num_splits: int | None = None,
-    tickets: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention of `q [B, Hq, D]` over the paged `k_cache`/`v_cache`
     `[num_blocks, block_size, Hkv, D]` (keys rotated); returns `[B, Hq, D]` in q's dtype.
 
     `num_splits`: programs per (sequence, kv head); default from the shapes (`default_num_splits`).
-    `tickets`: int32 zeros of at least B x Hkv entries for the merge, 0 again after the call (`decode_tickets`);
-    None allocates them. No host synchronisation: safe under CUDA-graph capture.
+    No host synchronisation: safe under CUDA-graph capture.
     """
     batch, num_q_heads, head_dim = q.shape
     num_blocks, page_size, num_kv_heads, _ = k_cache.shape
@@ -304,9 +354,8 @@ def paged_decode_attention(
     mid_o = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
     out = torch.empty(batch, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
-    _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o, mid_lse, out,
-                       decode_tickets(tickets, batch * num_kv_heads, q.device))
-    return out
+    _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o, mid_lse)
+    return decode_reduce(mid_o, mid_lse, out)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -338,10 +387,9 @@ def paged_decode_attention_ref(
     seq_lens: torch.Tensor,
     scale: float,
     num_splits: int | None = None,
-    tickets: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The same contract as `paged_decode_attention`, in fp32 PyTorch (the engine's CPU path).
-    `num_splits` and `tickets` are accepted and ignored."""
+    `num_splits` is accepted and ignored."""
     out = torch.empty_like(q)
     for b, seq_len in enumerate(seq_lens.tolist()):
         k = gather_paged(k_cache, block_tables[b], seq_len)

@@ -71,6 +71,22 @@ def test_kernel_refuses_other_options(options):
         _random_case([32], num_kv_heads=2, gqa=1, head_dim=64, block_size=32, seed=2, **options)
 
 
+def test_caller_tickets_are_reset_for_the_next_call():
+    # the merge inside stage 1 counts finished splits on a ticket per (sequence, kv head); the engine passes one
+    # buffer to every layer and step (CUDA graphs replay it), so each call must leave it at zero, and a second
+    # call through it must merge exactly like the first. 37 splits: more partials than one merge step reads.
+    q, case = _random_case([300, 40, 1], num_kv_heads=2, gqa=4, head_dim=64, block_size=32, seed=5)
+    case = to_device({k: v for k, v in case.items() if k != "fmt"}, DEVICE)
+    q, scale = q.to(DEVICE), q.shape[-1] ** -0.5
+    tickets = torch.zeros(8, dtype=torch.int32, device=DEVICE)
+    first = alrkvd_decode_attention(q, scale=scale, num_splits=37, tickets=tickets, **case)
+    assert int(tickets.abs().sum()) == 0
+    second = alrkvd_decode_attention(q, scale=scale, num_splits=37, tickets=tickets, **case)
+    assert int(tickets.abs().sum()) == 0
+    torch.testing.assert_close(second, first, atol=0, rtol=0)
+    torch.testing.assert_close(alrkvd_decode_attention(q, scale=scale, num_splits=37, **case), first, atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("group", [1, 3, 4])
 @pytest.mark.parametrize("rank_per_head", [2.0, 8.0])
 def test_gqa_and_ranks(group, rank_per_head):
