@@ -57,8 +57,8 @@ def main() -> None:
                      Rot="fp32", Start_pos="i64", Cos="fp32", Sin="fp32", K_levels="fp32", K_edges="fp32", V_levels="fp32", V_edges="fp32", Search="fp32",
                      Latent="u8", Latent_scale="fp16", Latent_zero="fp16", K_resid="u8", K_rscale="fp16",
                      K_rzero="fp16", V_resid="u8", V_rscale="fp16", V_rzero="fp16")
-    alr_common = dict(NUM_KV_HEADS=8, GROUP=4, BLOCK_G=16, MERGE_G=4, MERGE_CHUNK=32, HEAD_DIM=128, BLOCK_SIZE=128, BLOCK_S=16, K_BITS=2,
-                      V_BITS=2)
+    alr_common = dict(NUM_KV_HEADS=8, GROUP=4, BLOCK_G=16, MERGE_G=4, MERGE_CHUNK=32, HEAD_DIM=128, BLOCK_SIZE=128,
+                      BLOCK_S=16, K_BITS=2, V_BITS=2)
     cfg = alrkvd_attention._DEFAULT_STAGE1
     jobs = [
         ("paged stage 1 (D=128, G=4, page 16)", paged_attention._paged_decode_stage1, paged_ptrs, {"qk_scale"},
