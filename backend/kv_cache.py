@@ -19,15 +19,19 @@ from backend.config import ModelConfig
 from backend.kv_formats import FORMATS
 
 
-def attention_entropy(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Mean entropy (nats) of the attention rows of q [n, Hq, D] over keys [Hkv, L, D], per kv head [Hkv]."""
+def attention_probs(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The attention rows of q [n, Hq, D] over keys [Hkv, L, D] (GQA), as SDPA computes them: [Hq, n, L] float32."""
     group = q.shape[1] // keys.shape[0]
     scores = q.transpose(0, 1).float() @ keys.float().repeat_interleave(group, 0).transpose(1, 2) * q.shape[-1] ** -0.5
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    p = scores.softmax(-1)
+    return scores.softmax(-1)
+
+
+def attention_entropy(p: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """Mean entropy (nats) of attention rows p [Hq, n, L], per kv head [Hkv]."""
     entropy = -(p * p.clamp_min(1e-30).log()).sum(-1).mean(-1)   # [Hq]
-    return entropy.view(keys.shape[0], group).mean(-1)
+    return entropy.view(num_kv_heads, -1).mean(-1)
 
 
 @dataclass
@@ -90,6 +94,9 @@ class PagedKVCache:
             self.format.set_rotary(rotary)
         self.window_k = torch.zeros(window_shape, dtype=dtype, device=device)
         self.window_v = torch.zeros(window_shape, dtype=dtype, device=device)
+        # attention each window token has received so far, per kv head: its saliency when the block closes
+        self.window_attn = (torch.zeros(window_shape[:-1], dtype=torch.float32, device=device)
+                            if self.format.wants_saliency else None)
         self.allocator = BlockAllocator(num_blocks)
         self.free_slots = list(range(num_slots - 1, -1, -1))
         self.kv_format = kv_format
@@ -229,8 +236,10 @@ class PagedKVCache:
             k = self.rotary.apply(k, torch.arange(P, device=k.device))
         return k, v
 
-    def write(self, layer: int, seq: SeqKV, k: torch.Tensor, v: torch.Tensor):
-        """Append keys (in the format's convention: rotated or not) and values after the cached tokens."""
+    def write(self, layer: int, seq: SeqKV, k: torch.Tensor, v: torch.Tensor, received: torch.Tensor | None = None):
+        """Append keys (in the format's convention: rotated or not) and values after the cached tokens.
+        ``received`` [n, Hkv]: the attention the new tokens received in this step (formats that want
+        saliency: a closing block goes to the format with each token's mean over the queries that saw it)."""
         bs, start, n = self.block_size, seq.num_tokens, k.shape[0]
         if not self.windowed:
             pos = torch.arange(start, start + n)
@@ -245,9 +254,15 @@ class PagedKVCache:
             m = min(n - done, bs - off)
             self.window_k[layer, seq.window_slot, off:off + m] = k[done:done + m]
             self.window_v[layer, seq.window_slot, off:off + m] = v[done:done + m]
+            if received is not None:
+                self.window_attn[layer, seq.window_slot, off:off + m] = received[done:done + m]
             if off + m == bs:  # the block is full (a copy: the window takes the next block's tokens)
-                full.append((layer, seq.block_table[pos // bs], pos - off,
-                             self.window_k[layer, seq.window_slot].clone(), self.window_v[layer, seq.window_slot].clone()))
+                block = (layer, seq.block_table[pos // bs], pos - off,
+                         self.window_k[layer, seq.window_slot].clone(), self.window_v[layer, seq.window_slot].clone())
+                if received is not None:  # every query of this step has attended: start + n - t saw token t
+                    seen = torch.arange(start + n - (pos - off), start + n - (pos - off) - bs, -1, device=k.device)
+                    block += (self.window_attn[layer, seq.window_slot] / seen[:, None],)
+                full.append(block)
             done += m
         if full:
             self.compress(full)
@@ -275,9 +290,17 @@ class PagedKVCache:
             o = F.scaled_dot_product_attention(q[start:start + n].transpose(0, 1), keys, values,
                                                attn_mask=mask, enable_gqa=True)
             out[start:start + n] = o.transpose(0, 1)
-            if n > 1 and getattr(self.format, "observes_entropy", False):
-                self.format.observe_attention_entropy(layer, attention_entropy(q[start:start + n], keys, mask))
-            self.write(layer, seq, k_store[start:start + n], v_new)
+            entropy = n > 1 and getattr(self.format, "observes_entropy", False)
+            p = attention_probs(q[start:start + n], keys, mask) if entropy or self.window_attn is not None else None
+            if entropy:
+                self.format.observe_attention_entropy(layer, attention_entropy(p, keys.shape[0]))
+            received = None
+            if self.window_attn is not None:  # per kv head, the mean over its query heads, summed over queries
+                received = p.sum(1).view(keys.shape[0], -1, P + n).mean(1).t()          # [P + n, Hkv]
+                old = P % self.block_size  # tokens already in the window
+                self.window_attn[layer, seq.window_slot, :old] += received[P - old:P]
+                received = received[P:]
+            self.write(layer, seq, k_store[start:start + n], v_new, received)
             start += n
         return out
 

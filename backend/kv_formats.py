@@ -274,6 +274,7 @@ class KVFormat:
     windowed = False
     rope_on_read = False
     default_block_size = 16
+    wants_saliency = False  # True: encode takes each token's saliency (the attention it received in the window)
     OPTIONS: dict[str, tuple[Callable[[Any], Any], Any]] = {}
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -343,10 +344,11 @@ class KVFormat:
         raise NotImplementedError(f"{self.name} is not windowed: the cache calls write()")
 
     def encode_blocks(self, blocks: list[tuple[int, int, int, torch.Tensor, torch.Tensor]]) -> None:
-        """Compress full blocks, each (layer, block id, position of its first token, k [T, H, D], v): one
-        ``encode`` each, unless the format batches them (a decode step fills one per sequence and layer)."""
-        for layer, block_id, start, k, v in blocks:
-            self.encode(layer, block_id, k, v, start_pos=start)
+        """Compress full blocks, each (layer, block id, position of its first token, k [T, H, D], v[, saliency
+        [T, H] for formats that ``wants_saliency``]): one ``encode`` each, unless the format batches them (a
+        decode step fills one per sequence and layer)."""
+        for layer, block_id, start, k, v, *saliency in blocks:
+            self.encode(layer, block_id, k, v, start_pos=start, **({"saliency": saliency[0]} if saliency else {}))
 
     def decode(self, layer: int, block_ids) -> tuple[torch.Tensor, torch.Tensor]:
         """Reconstruction of the listed blocks, in order: (k, v) each [n * block_size, H, D] in the model
@@ -541,7 +543,9 @@ class ALRKVDFormat(KVFormat):
       3. Residual E = X_s - L_hat B, rotated by a fixed randomized Hadamard matrix R (E R), quantized with
          ``k_bits`` / ``v_bits`` per element on the Gaussian Lloyd-Max levels (``codebook=gauss``) or uniform
          asymmetric levels (``codebook=uniform``), one fp16 scale (and zero for uniform) per ``group``
-         consecutive channels of a token.
+         consecutive channels of a token.  With ``v_low_tokens`` n > 0, in each block and kv head the n tokens
+         that received the least attention while in the window (``saliency``, from the cache) keep
+         ``v_low_bits``-bit value residuals: an unimportant token's value barely reaches the output.
     Decode: X_hat = L_hat B + E_hat R^T; the cache applies RoPE to keys after decode (``rope_on_read``).
     Blocks are segments: each block gets its own basis when it is encoded, and encoding a block never
     touches any other block (the refresh of the basis for the next segment is the next encode)."""
@@ -569,6 +573,8 @@ class ALRKVDFormat(KVFormat):
         "key_frame": (str, "pre_rope"),  # key residual quantized before RoPE (pre_rope) or after it (post_rope)
         "entropy_tilt": (float, 0.0),    # rank weight of a head's streams x (its attention entropy / mean)^this; 0: off
         "basis_solver": (str, "eigh"),   # eigh: exact, on the CPU | subspace: top rank_max + 8 directions, on the data's device
+        "v_low_tokens": (int, 0),        # per block and kv head, the least salient tokens with v_low_bits values; 0: off
+        "v_low_bits": (int, 2),
     }
 
     def _validate(self):
@@ -595,6 +601,8 @@ class ALRKVDFormat(KVFormat):
             raise ValueError("key_frame must be pre_rope or post_rope")
         if o["scale_bits"] not in (8, 16) or (o["scale_bits"] == 8 and o["codebook"] != "gauss"):
             raise ValueError("scale_bits must be 16, or 8 with the gauss codebook")
+        if o["v_low_tokens"] and not (0 < o["v_low_tokens"] < T and 1 <= o["v_low_bits"] < o["v_bits"]):
+            raise ValueError("v_low_tokens must be in 1..block_size-1 and v_low_bits in 1..v_bits-1")
         if D % o["group"] or D % 8 or T % 8:
             raise ValueError("group must divide head_dim; head_dim and block_size must be multiples of 8")
 
@@ -615,8 +623,12 @@ class ALRKVDFormat(KVFormat):
             self._alloc("latent_zero", (R,), torch.float16)
         uni = o["codebook"] == "uniform"
         head_major = (1, 2, 0)  # [T, H, G] scales stored as [H, G, T]: a head's tokens contiguous for the kernel
+        n_low = o["v_low_tokens"]
+        if n_low:   # per head: its salient tokens' codes in token order, then the rest's; which is which
+            self._alloc("v_resid_low", (n_low, H, packed_len(D, o["v_low_bits"])), torch.uint8)
+            self._alloc("v_low", (H, T // 8), torch.uint8)                 # bit t of head h: token t is low
         for kv, bits in (("k", o["k_bits"]), ("v", o["v_bits"])):
-            self._alloc(f"{kv}_resid", (T, H, packed_len(D, bits)), torch.uint8)
+            self._alloc(f"{kv}_resid", (T - (n_low if kv == "v" else 0), H, packed_len(D, bits)), torch.uint8)
             if o["scale_bits"] == 8:
                 self._alloc(f"{kv}_rscale", (T, H, G), torch.uint8, order=head_major)
                 self._alloc(f"{kv}_rbase", (H,), torch.float16)
@@ -778,9 +790,14 @@ class ALRKVDFormat(KVFormat):
         total = S.pow(2).sum(-1) if exact else G.diagonal(dim1=-2, dim2=-1).sum(-1).float()
         return S, U.transpose(1, 2).float(), total
 
-    def encode(self, layer, block_id, k, v, start_pos: int | None = None):
+    @property
+    def wants_saliency(self) -> bool:
+        return self.options["v_low_tokens"] > 0
+
+    def encode(self, layer, block_id, k, v, start_pos: int | None = None, saliency: torch.Tensor | None = None):
         """Compress one full block: k [T, H, D] before RoPE, v [T, H, D].  ``start_pos`` (the position of
-        the block's first token) is needed by ``key_frame=post_rope`` only."""
+        the block's first token) is needed by ``key_frame=post_rope`` only; ``saliency`` [T, H] (the mean
+        attention each token received from the queries that saw it) by ``v_low_tokens``."""
         o = self.options
         T, H, D = self.block_size, self.num_kv_heads, self.head_dim
         R = o["rank_budget"]
@@ -824,12 +841,56 @@ class ALRKVDFormat(KVFormat):
             E = E @ self._rot
         for kv, sl, bits in (("k", slice(0, H), o["k_bits"]), ("v", slice(H, 2 * H), o["v_bits"])):
             q, s, z, base = self._quant_resid(E[:, sl], bits)
+            if kv == "v" and o["v_low_tokens"]:
+                q, s, z = self._split_low(layer, block_id, E[:, sl], q, s, z, saliency)
             getattr(self, f"{kv}_resid")[layer, block_id] = pack_bits(q, bits)
             getattr(self, f"{kv}_rscale")[layer, block_id] = s
             if z is not None:
                 getattr(self, f"{kv}_rzero")[layer, block_id] = z
             if base is not None:
                 getattr(self, f"{kv}_rbase")[layer, block_id] = base
+
+    def _split_low(self, layer, block_id, e, q, s, z, saliency):
+        """Values with ``v_low_tokens``: the least salient tokens of each head requantized at ``v_low_bits``
+        (their codes stored, their scales and zeros merged into s, z); returns the salient tokens' codes."""
+        if saliency is None:
+            raise ValueError("alrkvd v_low_tokens: encode needs the tokens' saliency (the cache measures it)")
+        T, n_low, bits = self.block_size, self.options["v_low_tokens"], self.options["v_low_bits"]
+        low = torch.zeros(T, self.num_kv_heads, dtype=torch.bool, device=e.device)
+        low.scatter_(0, saliency.to(e.device).argsort(0)[:n_low], True)
+        ql, sl, zl, _ = self._quant_resid(e, bits)   # the same per-block scale base as the salient codes
+        order = self._low_last(low)
+        self.v_resid_low[layer, block_id] = pack_bits(ql.gather(0, order[T - n_low:, :, None].expand_as(ql[:n_low])), bits)
+        self.v_low[layer, block_id] = pack_bits(low.t().to(torch.int32), 1)
+        m = low[..., None]
+        return (q.gather(0, order[:T - n_low, :, None].expand_as(q[:T - n_low])), torch.where(m, sl, s),
+                None if z is None else torch.where(m, zl, z))
+
+    @staticmethod
+    def _low_last(low: torch.Tensor) -> torch.Tensor:
+        """Token order along dim -2 of low [..., T, H]: each head's salient tokens, then its low ones."""
+        return torch.argsort(low.to(torch.uint8), dim=-2, stable=True)
+
+    def _decode_values(self, layer, ids):
+        """Dequantized value residuals [n, T, H, D] (rotated frame) of blocks ``ids``."""
+        o = self.options
+        T, D = self.block_size, self.head_dim
+        s = self.v_rscale[layer, ids]
+        z = self.v_rzero[layer, ids] if o["codebook"] == "uniform" else None
+        base = self.v_rbase[layer, ids] if o["scale_bits"] == 8 else None
+        q = unpack_bits(self.v_resid[layer, ids], o["v_bits"], D)
+        n_low = o["v_low_tokens"]
+        if not n_low:
+            return self._dequant_resid(q, s, z, o["v_bits"], base)
+        low = unpack_bits(self.v_low[layer, ids], 1, T).transpose(-1, -2).bool()       # [n, T, H]
+        order = self._low_last(low)
+        s, z = (None if t is None else t.gather(1, order[..., None].expand_as(t)) for t in (s, z))
+        parts = [self._dequant_resid(c, s[:, a:b], None if z is None else z[:, a:b], bits, base)
+                 for c, a, b, bits in ((q, 0, T - n_low, o["v_bits"]),
+                                       (unpack_bits(self.v_resid_low[layer, ids], o["v_low_bits"], D), T - n_low, T,
+                                        o["v_low_bits"]))]
+        x = torch.cat(parts, dim=1)
+        return torch.empty_like(x).scatter_(1, order[..., None].expand_as(x), x)
 
     def decode(self, layer, block_ids, start_pos: int = 0):
         """Keys before RoPE and values of the listed blocks; with ``key_frame=post_rope`` the blocks are taken
@@ -840,14 +901,11 @@ class ALRKVDFormat(KVFormat):
         T, H, D = self.block_size, self.num_kv_heads, self.head_dim
         R = o["rank_budget"]
         uni = o["codebook"] == "uniform"
-        outs = []
-        for kv, bits in (("k", o["k_bits"]), ("v", o["v_bits"])):
-            q = unpack_bits(getattr(self, f"{kv}_resid")[layer, ids], bits, D)         # [n, T, H, D]
-            s = getattr(self, f"{kv}_rscale")[layer, ids]
-            z = getattr(self, f"{kv}_rzero")[layer, ids] if uni else None
-            base = getattr(self, f"{kv}_rbase")[layer, ids] if o["scale_bits"] == 8 else None
-            outs.append(self._dequant_resid(q, s, z, bits, base))
-        E = torch.cat(outs, dim=2)                                                     # [n, T, 2H, D]
+        q = unpack_bits(self.k_resid[layer, ids], o["k_bits"], D)                      # [n, T, H, D]
+        z = self.k_rzero[layer, ids] if uni else None
+        base = self.k_rbase[layer, ids] if o["scale_bits"] == 8 else None
+        ek = self._dequant_resid(q, self.k_rscale[layer, ids], z, o["k_bits"], base)
+        E = torch.cat([ek, self._decode_values(layer, ids)], dim=2)                    # [n, T, 2H, D]
         if self._rot is not None:
             E = E @ self._rot.t()
         if o["key_frame"] == "post_rope" and n:

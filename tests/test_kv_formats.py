@@ -275,12 +275,12 @@ def test_ranks_vary_per_head_on_real_data(smollm2_kv):
 
 def test_attention_entropy_tilts_ranks_towards_broad_heads(smollm2_kv):
     """entropy_tilt: the measured attention entropy of each head moves rank from sharp heads to broad ones."""
-    from backend.kv_cache import attention_entropy
+    from backend.kv_cache import attention_entropy, attention_probs
     rec, eng = smollm2_kv
     q, k, v = rec[14]
     n = 256
     keys = eng.model.rotary.apply(k[:n], torch.arange(n)).transpose(0, 1)             # [H, n, D] after RoPE
-    ent = attention_entropy(q[:n], keys, torch.ones(n, n, dtype=torch.bool).tril())
+    ent = attention_entropy(attention_probs(q[:n], keys, torch.ones(n, n, dtype=torch.bool).tril()), keys.shape[0])
     assert ent.shape == (H,) and bool(((ent > 0) & (ent < math.log(n))).all())
     flat, tilted = (make_format("alrkvd", 30, H, D, torch.float32, "cpu", 2, rank_budget="24", latent_bits="4",
                                 entropy_tilt=t) for t in ("0", "4"))
@@ -320,7 +320,8 @@ def _cache(name, opts, budget=64 << 20):
 
 @pytest.mark.parametrize("name,opts", [("fp16", {}), ("int8", {}), ("kivi2", {}), ("kivi4", {}),
                                        ("alrkvd", {}), ("alrkvd", {"scale_bits": "8", "latent_bits": "4",
-                                                                   "rank_budget": "16", "exact_tokens": "1"})])
+                                                                   "rank_budget": "16", "exact_tokens": "1"}),
+                                       ("alrkvd", {"scale_bits": "8", "v_bits": "3", "v_low_tokens": "64"})])
 def test_cache_attention_matches_reconstruction(name, opts):
     from backend.kv_cache import AttentionBatch, SeqKV
     cache, rot = _cache(name, opts)
@@ -364,6 +365,62 @@ def test_cache_attention_matches_reconstruction(name, opts):
     assert seq.num_tokens == N
     if cache.windowed:
         assert len(seq.block_table) == 3 and seq.window_slot is not None
+
+
+@pytest.mark.parametrize("codebook", ["gauss", "uniform"])
+def test_alrkvd_low_value_tokens_take_the_low_bits(codebook):
+    """v_low_tokens: each head's least salient tokens decode exactly as the v_low_bits format decodes them, the
+    others as the v_bits format, the keys as without the option; the block is smaller by their saved bits less a
+    one-bit mask; without the saliency encode refuses."""
+    T = 32
+    opts = dict(block_size=T, k_bits=3, v_bits=3, rank_budget=8, latent_bits=4, basis_bits=4, codebook=codebook,
+                scale_bits=8 if codebook == "gauss" else 16)
+    full, low2 = (make_format("alrkvd", L, H, D, torch.float32, "cpu", 3, **dict(opts, v_bits=b)) for b in (3, 2))
+    mixed = make_format("alrkvd", L, H, D, torch.float32, "cpu", 3, v_low_tokens=12, v_low_bits=2, **opts)
+    k, v = random_kv(T, seed=4)
+    saliency = torch.rand(T, H, generator=torch.Generator().manual_seed(1))
+    for fmt in (full, low2):
+        fmt.encode(1, 2, k, v)
+    mixed.encode(1, 0, k.flip(0), v.flip(0), saliency=saliency.flip(0))   # another block in the same layer
+    mixed.encode(1, 2, k, v, saliency=saliency)
+    low = torch.zeros(T, H, dtype=torch.bool).scatter_(0, saliency.argsort(0)[:12], True)
+    (kf, vf), (_, v2), (km, vm) = (f.decode(1, [2]) for f in (full, low2, mixed))
+    assert torch.equal(km, kf) and torch.allclose(vm, torch.where(low[..., None], v2, vf), atol=1e-6, rtol=0)
+    assert torch.allclose(mixed.decode(1, [0, 2])[1][T:], vm, atol=1e-6, rtol=0)      # blocks decoded together
+    assert full.bytes_per_block() - mixed.bytes_per_block() == L * (12 * H * D // 8 - H * T // 8)
+    with pytest.raises(ValueError, match="saliency"):
+        mixed.encode(0, 1, k, v)
+
+
+def test_cache_hands_each_token_the_attention_it_received():
+    """The saliency that reaches encode is, per token and kv head, the mean attention it received from the
+    queries that saw it (the group's query heads averaged), summed over a prefill chunk and decode steps."""
+    from backend.kv_cache import AttentionBatch, SeqKV
+    T = 32
+    cache, rot = _cache("alrkvd", {"block_size": str(T), "v_bits": "3", "v_low_tokens": "8"})
+    got = {}
+    encode = cache.format.encode
+    def spy(layer, block_id, k, v, start_pos=None, saliency=None):
+        got[layer] = saliency
+        encode(layer, block_id, k, v, start_pos=start_pos, saliency=saliency)
+    cache.format.encode = spy
+    g = torch.Generator().manual_seed(3)
+    ks, vs, qs = (torch.randn(T, h, D, generator=g) for h in (H, H, 2 * H))
+    ks_rot, qs_rot = rot.apply(ks, torch.arange(T)), rot.apply(qs, torch.arange(T))
+    seq = SeqKV()
+    for start, n in [(0, 20)] + [(t, 1) for t in range(20, T)]:   # a prefill chunk, then decode steps
+        cache.allocate(seq, n)
+        batch = AttentionBatch([seq], [n])
+        sl = slice(start, start + n)
+        for layer in range(L):
+            cache.attend(layer, qs_rot[sl], ks[sl], ks_rot[sl], vs[sl], batch)
+        cache.commit(batch)
+    scores = qs_rot.transpose(0, 1) @ ks_rot.repeat_interleave(2, 1).permute(1, 2, 0) / D ** 0.5   # [2H, T, T]
+    p = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
+    expected = (p.sum(1) / torch.arange(T, 0, -1)).view(H, 2, T).mean(1).t()                      # [T, H]
+    assert set(got) == set(range(L))
+    for layer in range(L):
+        assert torch.allclose(got[layer], expected, atol=1e-6)
 
 
 def test_alrkvd_compressed_domain_scores_match_reconstruction():
