@@ -66,7 +66,7 @@ MANY_PAIRS = 64
 
 # The ALRKVDFormat options this kernel reads (and group = head_dim); other options take the PyTorch path.
 KERNEL_OPTIONS = {"latent_bits": 8, "basis_bits": 8, "scale_bits": 16, "codebook": "uniform", "rotate": False,
-                  "key_frame": "post_rope", "exact_tokens": 0}
+                  "key_frame": "post_rope", "exact_tokens": 0, "v_low_tokens": 0}
 
 
 def kernel_options(head_dim: int, **extra) -> dict:

@@ -71,6 +71,15 @@ def test_kernel_refuses_other_options(options):
         _random_case([32], num_kv_heads=2, gqa=1, head_dim=64, block_size=32, seed=2, **options)
 
 
+def test_kernel_refuses_mixed_value_bits():
+    from backend.kv_formats import make_format
+    from kernels.alrkvd_attention import KERNEL_OPTIONS, AlrkvdLayer
+    fmt = make_format("alrkvd", 1, 2, 64, torch.float16, "cpu", num_blocks=2, block_size=32,
+                      **{**KERNEL_OPTIONS, "group": 64, "v_bits": 4, "v_low_tokens": 8})
+    with pytest.raises(NotImplementedError):
+        AlrkvdLayer.from_format(fmt, 0)
+
+
 def test_caller_tickets_are_reset_for_the_next_call():
     # the merge inside stage 1 counts finished splits on a ticket per (sequence, kv head); the engine passes one
     # buffer to every layer and step (CUDA graphs replay it), so each call must leave it at zero, and a second
