@@ -179,7 +179,7 @@ def perplexity(eng, ids: list[int], context: int, chunk: int, verbose: bool = Fa
     blocks_bpt = cache.block_bytes / cache.block_size
     # the same sequence with its full-precision window held in 16 bits (what a bf16/fp16 model allocates)
     closed = (context // cache.block_size) if cache.windowed else -(-context // cache.block_size)
-    win16 = 2 * eng.cfg.num_layers * window_tokens * eng.cfg.num_kv_heads * eng.cfg.head_dim * 2
+    win16 = 2 * eng.cfg.num_layers * window_tokens * eng.cfg.num_kv_heads * eng.cfg.head_dim * 2 + cache.attn_slot_bytes
     bpt16 = (closed * cache.block_bytes + win16) / context
     return {
         "ppl": math.exp(nll_sum / count),

@@ -84,7 +84,10 @@ class PagedKVCache:
         self.windowed, self.rope_on_read = fmt_cls.windowed, fmt_cls.rope_on_read
         num_slots = max_num_seqs if self.windowed else 0
         window_shape = (cfg.num_layers, num_slots, self.block_size, cfg.num_kv_heads, cfg.head_dim)
-        self.slot_bytes = 2 * cfg.num_layers * self.block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+        # a window slot: its keys and values, and for formats that want saliency the attention each token received
+        self.attn_slot_bytes = cfg.num_layers * self.block_size * cfg.num_kv_heads * 4 if probe.wants_saliency else 0
+        self.slot_bytes = (2 * cfg.num_layers * self.block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+                           + self.attn_slot_bytes)
         num_blocks = (budget_bytes - num_slots * self.slot_bytes) // self.block_bytes
         if num_blocks < 1:
             raise ValueError(f"KV budget of {budget_bytes} bytes holds no block ({self.block_bytes} B per block"
@@ -363,8 +366,9 @@ class PagedKVCache:
 
     # ---- accounting -------------------------------------------------------------------
     def allocated_bytes(self) -> int:
+        attn = 0 if self.window_attn is None else self.window_attn.numel() * self.window_attn.element_size()
         return sum(t.numel() * t.element_size() for t in self.format.tensors()) + \
-            self.window_k.numel() * self.window_k.element_size() * 2
+            self.window_k.numel() * self.window_k.element_size() * 2 + attn
 
     def used_bytes(self) -> int:
         used_blocks = self.allocator.num_blocks - self.allocator.num_free

@@ -463,13 +463,16 @@ def test_bytes_per_token_formulas():
 
 
 @pytest.mark.parametrize("name,opts", [("fp16", {}), ("int8", {}), ("kivi3", {}), ("alrkvd", {}),
-                                       ("alrkvd", {"scale_bits": "8", "exact_tokens": "1"})])
+                                       ("alrkvd", {"scale_bits": "8", "exact_tokens": "1"}),
+                                       ("alrkvd", {"v_bits": "3", "v_low_tokens": "64"})])
 def test_accounting_equals_allocation(name, opts):
     cache, _ = _cache(name, opts, budget=8 << 20)
     fmt = cache.format
     storage = sum(t.numel() * t.element_size() for t in fmt.tensors())
     assert storage == cache.block_bytes * fmt.num_blocks == fmt.bytes_per_block() * fmt.num_blocks
-    assert cache.allocated_bytes() == storage + 2 * cache.window_k.numel() * cache.window_k.element_size()
+    slots = cache.window_k.shape[1]
+    assert cache.allocated_bytes() == storage + slots * cache.slot_bytes
+    assert (cache.window_attn is None) == (cache.attn_slot_bytes == 0)
     assert cache.allocated_bytes() <= 8 << 20
     # every tensor the format holds is listed (nothing allocated on the side)
     listed = {id(t) for t in fmt.tensors()}
