@@ -573,7 +573,7 @@ class ALRKVDFormat(KVFormat):
         "key_frame": (str, "pre_rope"),  # key residual quantized before RoPE (pre_rope) or after it (post_rope)
         "entropy_tilt": (float, 0.0),    # rank weight of a head's streams x (its attention entropy / mean)^this; 0: off
         "basis_solver": (str, "eigh"),   # eigh: exact, on the CPU | subspace: top rank_max + 8 directions, on the data's device
-        "v_low_tokens": (int, 0),        # per block and kv head, the least salient tokens with v_low_bits values; 0: off
+        "v_low_tokens": (int, 0),        # per block and kv head: the least salient tokens get v_low_bits values
         "v_low_bits": (int, 2),
     }
 
@@ -859,12 +859,11 @@ class ALRKVDFormat(KVFormat):
         low = torch.zeros(T, self.num_kv_heads, dtype=torch.bool, device=e.device)
         low.scatter_(0, saliency.to(e.device).argsort(0)[:n_low], True)
         ql, sl, zl, _ = self._quant_resid(e, bits)   # the same per-block scale base as the salient codes
-        order = self._low_last(low)
-        self.v_resid_low[layer, block_id] = pack_bits(ql.gather(0, order[T - n_low:, :, None].expand_as(ql[:n_low])), bits)
+        order = self._low_last(low)[..., None].expand_as(q)                            # [T, H, D]
+        self.v_resid_low[layer, block_id] = pack_bits(ql.gather(0, order[T - n_low:]), bits)
         self.v_low[layer, block_id] = pack_bits(low.t().to(torch.int32), 1)
         m = low[..., None]
-        return (q.gather(0, order[:T - n_low, :, None].expand_as(q[:T - n_low])), torch.where(m, sl, s),
-                None if z is None else torch.where(m, zl, z))
+        return q.gather(0, order[:T - n_low]), torch.where(m, sl, s), None if z is None else torch.where(m, zl, z)
 
     @staticmethod
     def _low_last(low: torch.Tensor) -> torch.Tensor:

@@ -280,7 +280,8 @@ def test_attention_entropy_tilts_ranks_towards_broad_heads(smollm2_kv):
     q, k, v = rec[14]
     n = 256
     keys = eng.model.rotary.apply(k[:n], torch.arange(n)).transpose(0, 1)             # [H, n, D] after RoPE
-    ent = attention_entropy(attention_probs(q[:n], keys, torch.ones(n, n, dtype=torch.bool).tril()), keys.shape[0])
+    p = attention_probs(q[:n], keys, torch.ones(n, n, dtype=torch.bool).tril())
+    ent = attention_entropy(p, keys.shape[0])
     assert ent.shape == (H,) and bool(((ent > 0) & (ent < math.log(n))).all())
     flat, tilted = (make_format("alrkvd", 30, H, D, torch.float32, "cpu", 2, rank_budget="24", latent_bits="4",
                                 entropy_tilt=t) for t in ("0", "4"))
