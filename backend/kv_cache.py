@@ -263,7 +263,7 @@ class PagedKVCache:
                 block = (layer, seq.block_table[pos // bs], pos - off,
                          self.window_k[layer, seq.window_slot].clone(), self.window_v[layer, seq.window_slot].clone())
                 if received is not None:  # every query of this step has attended: start + n - t saw token t
-                    seen = torch.arange(start + n - (pos - off), start + n - (pos - off) - bs, -1, device=k.device)
+                    seen = start + n - torch.arange(pos - off, pos - off + bs, device=k.device)
                     block += (self.window_attn[layer, seq.window_slot] / seen[:, None],)
                 full.append(block)
             done += m
