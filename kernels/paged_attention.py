@@ -77,32 +77,31 @@ def merge_if_last(Ticket, num_partials, Mid_o_row, Mid_lse_row, Out_row, heads, 
     """Stage 2 inside stage 1: the last of a (sequence, kv head)'s programs to store its partial merges all of
     them into `Out`, out[h] = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max), and sets the ticket back
     to 0 for the next call. Saves the second kernel: 19.5 -> 18.6 us for ALR-KVD at B=1 L=4k on the H200
-    (BENCHMARKS.md 2e).
+    (BENCHMARKS.md 2e). One pass over the partials with a running max (as stage 1's softmax): each step's
+    lse and partial outputs load together, one round trip to L2 a step instead of two.
     The barrier and the acquire-release ticket order every thread's partial before the merge's reads, which
     skip L1 (.cg): other SMs wrote them. Mid_o_row, Mid_lse_row, Out_row: this sequence's rows. CHUNK:
     partials per step (`merge_chunk`)."""
     tl.debug_barrier()
     ticket = tl.atomic_add(Ticket, 1, sem="acq_rel", scope="gpu")
     if ticket == num_partials - 1:
-        # Each loop's result is used once after it: triton 3.6 asserts otherwise on a reduction in a loop.
         offs_c = tl.arange(0, CHUNK)
         lse_rows = Mid_lse_row + heads[:, None] * stride_mlh
+        o_rows = Mid_o_row + heads[:, None, None] * stride_moh + offs_d[None, None, :]
         m = tl.full([BLOCK_G], -1e30, dtype=tl.float32)  # finite: a head with nothing cached gets weights 0
-        for p0 in range(0, num_partials, CHUNK):
-            mask_p = mask_g[:, None] & (p0 + offs_c < num_partials)[None, :]
-            m = tl.maximum(m, tl.max(tl.load(lse_rows + p0 + offs_c[None, :], mask=mask_p, other=float("-inf"),
-                                             cache_modifier=".cg"), 1))
         acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
         denom = tl.zeros([BLOCK_G], dtype=tl.float32)
-        o_rows = Mid_o_row + heads[:, None, None] * stride_moh + offs_d[None, None, :]
         for p0 in range(0, num_partials, CHUNK):
             mask_p = mask_g[:, None] & (p0 + offs_c < num_partials)[None, :]
-            w = tl.exp2(tl.load(lse_rows + p0 + offs_c[None, :], mask=mask_p, other=float("-inf"),
-                                cache_modifier=".cg") - m[:, None])  # [BLOCK_G, CHUNK]
+            lse = tl.load(lse_rows + p0 + offs_c[None, :], mask=mask_p, other=float("-inf"), cache_modifier=".cg")
             o = tl.load(o_rows + (p0 + offs_c)[None, :, None] * stride_mos,
                         mask=mask_p[:, :, None] & mask_d[None, None, :], other=0.0, cache_modifier=".cg")
-            acc += tl.sum(w[:, :, None] * o, 1)
-            denom += tl.sum(w, 1)
+            m_new = tl.maximum(m, tl.max(lse, 1))
+            alpha = tl.exp2(m - m_new)
+            w = tl.exp2(lse - m_new[:, None])  # [BLOCK_G, CHUNK]
+            acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o, 1)
+            denom = denom * alpha + tl.sum(w, 1)
+            m = m_new
         # denom >= 1 when anything is cached (the largest weight is 1); 1 keeps an empty head at 0, not NaN
         tl.store(Out_row + heads[:, None] * stride_oh + offs_d[None, :], acc / tl.maximum(denom, 1.0)[:, None],
                  mask=mask_g[:, None] & mask_d[None, :])
