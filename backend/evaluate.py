@@ -95,6 +95,7 @@ def _block_bytes(kv_format: str, options: dict, cfg, dtype) -> tuple[int, int]:
     cls = FORMATS[kv_format]
     opts = dict(options)
     bs = int(opts.pop("block_size", cls.default_block_size))
+    opts.pop("sink_tokens", None)  # the cache's, not the format's
     probe = cls(num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=dtype,
                 device="meta", num_blocks=1, block_size=bs, **opts)
     return sum(t.numel() * t.element_size() for t in probe.tensors()), bs
@@ -114,7 +115,8 @@ def set_cache(eng, kv_format: str, options: dict, context: int, num_seqs: int = 
     ``context`` tokens (the real PagedKVCache: allocation, window slots, encode on block close)."""
     dtype = eng.model.embed_tokens.weight.dtype
     block_bytes, bs = _block_bytes(kv_format, options, eng.cfg, dtype)
-    slot = 2 * eng.cfg.num_layers * bs * eng.cfg.num_kv_heads * eng.cfg.head_dim * dtype.itemsize
+    sink = int(options.get("sink_tokens", 0))
+    slot = 2 * eng.cfg.num_layers * (bs + sink) * eng.cfg.num_kv_heads * eng.cfg.head_dim * dtype.itemsize
     blocks = num_seqs * (-(-(context + 64) // bs) + 1)
     budget = blocks * block_bytes + num_seqs * slot + 1
     if eng.max_model_len < context:
@@ -129,9 +131,14 @@ def build_engine(args, context: int, num_seqs: int = 1):
     return set_cache(eng, args.kv, parse_kv_opts(args.kv_opt), context, num_seqs)
 
 
+def _options(cache) -> dict:
+    """The format's options and the cache's own (block size, sink)."""
+    return {**cache.format.options, "block_size": cache.block_size,
+            **({"sink_tokens": cache.sink_tokens} if cache.sink_tokens else {})}
+
+
 def _describe(eng, args) -> dict:
-    fmt = eng.cache.format
-    return {"kv": eng.cache.kv_format, "kv_options": {**fmt.options, "block_size": eng.cache.block_size},
+    return {"kv": eng.cache.kv_format, "kv_options": _options(eng.cache),
             "model": args.model, "dtype": str(eng.cache.dtype).replace("torch.", "")}
 
 
@@ -174,8 +181,7 @@ def perplexity(eng, ids: list[int], context: int, chunk: int, verbose: bool = Fa
                   f"({per_window[-1]['seconds']} s)", file=sys.stderr, flush=True)
     baseline = cache.baseline_bytes_per_token()
     full = bpt[0] if bpt else float("nan")    # the first window is always a full one when there are several
-    fmt = cache.format
-    window_tokens = cache.block_size if cache.windowed else 0
+    window_tokens = cache.block_size + cache.sink_tokens if cache.windowed else 0
     blocks_bpt = cache.block_bytes / cache.block_size
     # the same sequence with its full-precision window held in 16 bits (what a bf16/fp16 model allocates)
     closed = (context // cache.block_size) if cache.windowed else -(-context // cache.block_size)
@@ -189,7 +195,7 @@ def perplexity(eng, ids: list[int], context: int, chunk: int, verbose: bool = Fa
         "context": context,
         "chunk": chunk,
         "kv": cache.kv_format,
-        "kv_options": {**fmt.options, "block_size": cache.block_size},
+        "kv_options": _options(cache),
         "dtype": str(cache.dtype).replace("torch.", ""),
         "kv_bytes_per_token": full,
         "baseline_bytes_per_token": baseline,

@@ -76,6 +76,10 @@ class PagedKVCache:
         options = dict(kv_options or {})
         fmt_cls = FORMATS[kv_format]
         self.block_size = int(options.pop("block_size", fmt_cls.default_block_size))
+        # a sequence's first tokens (the attention sink) kept exactly once their block is compressed
+        self.sink_tokens = int(options.pop("sink_tokens", 0))
+        if self.sink_tokens and not (fmt_cls.windowed and 0 < self.sink_tokens <= self.block_size):
+            raise ValueError(f"sink_tokens must be in 0..block_size ({self.block_size}), for windowed formats only")
         self.cfg, self.rotary, self.dtype, self.device = cfg, rotary, dtype, device
         shape = dict(num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=dtype)
         # Bytes of one block, read off a format allocated on the meta device (no memory).
@@ -84,10 +88,11 @@ class PagedKVCache:
         self.windowed, self.rope_on_read = fmt_cls.windowed, fmt_cls.rope_on_read
         num_slots = max_num_seqs if self.windowed else 0
         window_shape = (cfg.num_layers, num_slots, self.block_size, cfg.num_kv_heads, cfg.head_dim)
-        # a window slot: its keys and values, and for formats that want saliency the attention each token received
+        # a window slot: its keys and values and the sink's, and for formats that want saliency the attention
+        # each window token received
         self.attn_slot_bytes = cfg.num_layers * self.block_size * cfg.num_kv_heads * 4 if probe.wants_saliency else 0
-        self.slot_bytes = (2 * cfg.num_layers * self.block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
-                           + self.attn_slot_bytes)
+        self.slot_bytes = (2 * cfg.num_layers * (self.block_size + self.sink_tokens) * cfg.num_kv_heads
+                           * cfg.head_dim * dtype.itemsize + self.attn_slot_bytes)
         num_blocks = (budget_bytes - num_slots * self.slot_bytes) // self.block_bytes
         if num_blocks < 1:
             raise ValueError(f"KV budget of {budget_bytes} bytes holds no block ({self.block_bytes} B per block"
@@ -97,6 +102,9 @@ class PagedKVCache:
             self.format.set_rotary(rotary)
         self.window_k = torch.zeros(window_shape, dtype=dtype, device=device)
         self.window_v = torch.zeros(window_shape, dtype=dtype, device=device)
+        sink_shape = (cfg.num_layers, num_slots, self.sink_tokens, cfg.num_kv_heads, cfg.head_dim)
+        self.sink_k = torch.zeros(sink_shape, dtype=dtype, device=device)  # in the format's key convention
+        self.sink_v = torch.zeros(sink_shape, dtype=dtype, device=device)
         # attention each window token has received so far, per kv head: its saliency when the block closes
         self.window_attn = (torch.zeros(window_shape[:-1], dtype=torch.float32, device=device)
                             if self.format.wants_saliency else None)
@@ -111,7 +119,8 @@ class PagedKVCache:
         self.compress_stream = None  # side CUDA stream for the blocks decode steps fill (None: inline)
         self._filled = []            # blocks this decode step filled, compressed at commit
         self._compressing = None     # the event of the side stream's last compression
-        self.kernel_layers = self._kernel_views(kv_format, cfg.num_layers)
+        # the decode kernels do not read the sink: with it, the PyTorch path
+        self.kernel_layers = None if self.sink_tokens else self._kernel_views(kv_format, cfg.num_layers)
         if str(device).startswith("cuda") and attention_backend != "torch":
             if kv_format in ("full", "fp16"):
                 from kernels.paged_attention import paged_decode_attention
@@ -232,6 +241,10 @@ class PagedKVCache:
             self.wait_compressed()
             closed, in_window = divmod(P, bs)
             k, v = self.format.decode(layer, seq.block_table[:closed])
+            if closed and self.sink_tokens:
+                n = self.sink_tokens
+                k = torch.cat([self.sink_k[layer, seq.window_slot], k[n:]])
+                v = torch.cat([self.sink_v[layer, seq.window_slot], v[n:]])
             if in_window:
                 k = torch.cat([k, self.window_k[layer, seq.window_slot, :in_window]])
                 v = torch.cat([v, self.window_v[layer, seq.window_slot, :in_window]])
@@ -260,6 +273,9 @@ class PagedKVCache:
             if received is not None:
                 self.window_attn[layer, seq.window_slot, off:off + m] = received[done:done + m]
             if off + m == bs:  # the block is full (a copy: the window takes the next block's tokens)
+                if pos - off == 0 and self.sink_tokens:  # the sequence's first block: its sink stays exact
+                    self.sink_k[layer, seq.window_slot] = self.window_k[layer, seq.window_slot, :self.sink_tokens]
+                    self.sink_v[layer, seq.window_slot] = self.window_v[layer, seq.window_slot, :self.sink_tokens]
                 block = (layer, seq.block_table[pos // bs], pos - off,
                          self.window_k[layer, seq.window_slot].clone(), self.window_v[layer, seq.window_slot].clone())
                 if received is not None:  # every query of this step has attended: start + n - t saw token t
@@ -367,8 +383,8 @@ class PagedKVCache:
     # ---- accounting -------------------------------------------------------------------
     def allocated_bytes(self) -> int:
         attn = 0 if self.window_attn is None else self.window_attn.numel() * self.window_attn.element_size()
-        return sum(t.numel() * t.element_size() for t in self.format.tensors()) + \
-            self.window_k.numel() * self.window_k.element_size() * 2 + attn
+        return sum(t.numel() * t.element_size() for t in self.format.tensors()) + attn + \
+            sum(t.numel() * t.element_size() for t in (self.window_k, self.window_v, self.sink_k, self.sink_v))
 
     def used_bytes(self) -> int:
         used_blocks = self.allocator.num_blocks - self.allocator.num_free

@@ -322,7 +322,8 @@ def _cache(name, opts, budget=64 << 20):
 @pytest.mark.parametrize("name,opts", [("fp16", {}), ("int8", {}), ("kivi2", {}), ("kivi4", {}),
                                        ("alrkvd", {}), ("alrkvd", {"scale_bits": "8", "latent_bits": "4",
                                                                    "rank_budget": "16", "exact_tokens": "1"}),
-                                       ("alrkvd", {"scale_bits": "8", "v_bits": "3", "v_low_tokens": "64"})])
+                                       ("alrkvd", {"scale_bits": "8", "v_bits": "3", "v_low_tokens": "64"}),
+                                       ("alrkvd", {"sink_tokens": "4"}), ("kivi2", {"sink_tokens": "1"})])
 def test_cache_attention_matches_reconstruction(name, opts):
     from backend.kv_cache import AttentionBatch, SeqKV
     cache, rot = _cache(name, opts)
@@ -349,6 +350,9 @@ def test_cache_attention_matches_reconstruction(name, opts):
                 kp = torch.cat([kp, ks[closed * bs:P]]) if cache.rope_on_read else \
                     torch.cat([kp, rot.apply(ks[closed * bs:P], torch.arange(closed * bs, P))])
                 vp = torch.cat([vp, vs[closed * bs:P]])
+                n_sink = cache.sink_tokens if closed else 0   # the sequence's first tokens exact, as stored
+                kp[:n_sink] = ks[:n_sink] if cache.rope_on_read else rot.apply(ks[:n_sink], torch.arange(n_sink))
+                vp[:n_sink] = vs[:n_sink]
             else:
                 kp, vp = fmt.decode(layer, seq.block_table[:-(-P // bs)] if P else [])
                 kp, vp = kp[:P], vp[:P]
@@ -465,7 +469,8 @@ def test_bytes_per_token_formulas():
 
 @pytest.mark.parametrize("name,opts", [("fp16", {}), ("int8", {}), ("kivi3", {}), ("alrkvd", {}),
                                        ("alrkvd", {"scale_bits": "8", "exact_tokens": "1"}),
-                                       ("alrkvd", {"v_bits": "3", "v_low_tokens": "64"})])
+                                       ("alrkvd", {"v_bits": "3", "v_low_tokens": "64"}),
+                                       ("alrkvd", {"sink_tokens": "4"})])
 def test_accounting_equals_allocation(name, opts):
     cache, _ = _cache(name, opts, budget=8 << 20)
     fmt = cache.format
@@ -480,6 +485,41 @@ def test_accounting_equals_allocation(name, opts):
     for attr, val in vars(fmt).items():
         if isinstance(val, torch.Tensor) and val.dim() >= 2 and val.shape[:2] == (L, fmt.num_blocks):
             assert id(val) in listed, attr
+
+
+def test_sink_tokens_are_kept_exactly_and_counted():
+    """sink_tokens=n: a sequence's first n keys and values come back exact once their block is compressed (the
+    rest of the block as the format reconstructs it); the slot's bytes grow by exactly the sink's; the decode
+    kernels, which do not read the sink, are off; non-windowed formats and n > block_size are refused."""
+    from backend.kv_cache import AttentionBatch, SeqKV
+    from kernels.alrkvd_attention import kernel_options
+    T, n = 32, 4
+    plain, _ = _cache("alrkvd", {"block_size": str(T)})
+    cache, rot = _cache("alrkvd", {"block_size": str(T), "sink_tokens": str(n)})
+    assert cache.slot_bytes - plain.slot_bytes == 2 * L * n * H * D * 4      # fp32 model: 4 bytes an element
+    g = torch.Generator().manual_seed(7)
+    ks, vs, qs = (torch.randn(T + 5, h, D, generator=g) for h in (H, H, 2 * H))
+    seqs = []
+    for c in (plain, cache):
+        seq = SeqKV()
+        c.allocate(seq, T + 5)
+        for layer in range(L):
+            c.attend(layer, rot.apply(qs, torch.arange(T + 5)), ks, rot.apply(ks, torch.arange(T + 5)), vs,
+                     AttentionBatch([seq], [T + 5]))
+        c.commit(AttentionBatch([seq], [T + 5]))
+        seqs.append(seq)
+    for layer in range(L):
+        k, v = cache.read(layer, seqs[1])
+        k_plain, v_plain = plain.read(layer, seqs[0])
+        assert torch.equal(k[:n], rot.apply(ks[:n], torch.arange(n))) and torch.equal(v[:n], vs[:n])
+        assert torch.equal(k[n:], k_plain[n:]) and torch.equal(v[n:], v_plain[n:])
+        assert not torch.equal(v_plain[:n], vs[:n])                            # the format alone is lossy there
+    opts = {k: str(x) for k, x in kernel_options(D).items()}
+    assert _cache("alrkvd", opts)[0].kernel_layers is not None
+    assert _cache("alrkvd", {**opts, "sink_tokens": "2"})[0].kernel_layers is None
+    for name, o in [("fp16", {"sink_tokens": "1"}), ("alrkvd", {"block_size": "32", "sink_tokens": "33"})]:
+        with pytest.raises(ValueError, match="sink_tokens"):
+            _cache(name, o)
 
 
 def test_alrkvd_storage_is_laid_out_for_the_decode_kernel():
