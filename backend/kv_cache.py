@@ -10,6 +10,7 @@ of a page-addressed format writes every sequence's token at once and attends in 
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -17,6 +18,8 @@ import torch.nn.functional as F
 
 from backend.config import ModelConfig
 from backend.kv_formats import FORMATS
+
+logger = logging.getLogger(__name__)
 
 
 def attention_probs(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -121,6 +124,9 @@ class PagedKVCache:
         self._compressing = None     # the event of the side stream's last compression
         # the decode kernels do not read the sink: with it, the PyTorch path
         self.kernel_layers = None if self.sink_tokens else self._kernel_views(kv_format, cfg.num_layers)
+        if self.sink_tokens and str(device).startswith("cuda") and attention_backend != "torch":
+            logger.warning("sink_tokens=%d: the decode kernels do not read the sink, so decode steps take the "
+                           "PyTorch path", self.sink_tokens)
         if str(device).startswith("cuda") and attention_backend != "torch":
             if kv_format in ("full", "fp16"):
                 from kernels.paged_attention import paged_decode_attention
