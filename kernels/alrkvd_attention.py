@@ -198,10 +198,13 @@ def _alrkvd_decode_stage1(
     BLOCK_R: tl.constexpr,  # >= rank_max, >= 16, a power of two
     BLOCK_S: tl.constexpr,  # >= 2 * NUM_KV_HEADS, a power of two
     K_BITS: tl.constexpr, V_BITS: tl.constexpr,
+    MIN_TILES: tl.constexpr,  # the fewest tiles a split takes (MIN_TOKENS_PER_SPLIT / BLOCK_N)
 ):
-    """Grid (B, num_kv_heads, num_splits + 1): splits 0..num_splits-1 share the closed (compressed)
-    blocks' tiles, split num_splits takes the window. Each writes its partial like `_paged_decode_stage1`;
-    the last one to finish merges them into Out (`merge_if_last`)."""
+    """Grid (B, num_kv_heads, num_splits + 1): the first splits share the closed (compressed) blocks' tiles, at
+    least MIN_TILES each, and program num_splits takes the window. The split count comes from the block table's
+    width; the sequence's own length can leave the last splits without tiles. Those store nothing, and the
+    window's partial goes right after the busy splits', so the merge reads only partials with tokens behind them
+    (`merge_if_last`: one chunk of 32 partials instead of two at B=1 L=4k, BENCHMARKS.md 2g)."""
     HALF: tl.constexpr = HEAD_DIM // 2
     TILES: tl.constexpr = BLOCK_SIZE // BLOCK_N
     pid_b = tl.program_id(0).to(tl.int64)
@@ -226,7 +229,11 @@ def _alrkvd_decode_stage1(
 
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
-    o_row, lse_row = Mid_o + pid_b * stride_mob + pid_s * stride_mos, Mid_lse + pid_b * stride_mlb + pid_s
+    n_tiles = n_closed * TILES
+    tiles_per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), MIN_TILES)
+    busy = tl.cdiv(n_tiles, tiles_per_split)  # splits with tiles; the window's partial is the next one
+    part = tl.where(pid_s == num_splits, busy, pid_s)
+    o_row, lse_row = Mid_o + pid_b * stride_mob + part * stride_mos, Mid_lse + pid_b * stride_mlb + part
 
     if pid_s == num_splits:
         acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
@@ -249,10 +256,8 @@ def _alrkvd_decode_stage1(
             v = tl.load(Window_v + rows[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v.to(tl.float16))
         store_partial(o_row, lse_row, acc, m_i, l_i, heads, offs_d, mask_g, offs_d < HEAD_DIM, stride_moh, stride_mlh)
-    else:
+    elif pid_s < busy:
         # ---------------- closed blocks, compressed: whole tiles, split evenly ----------------
-        n_tiles = n_closed * TILES
-        tiles_per_split = tl.cdiv(n_tiles, num_splits)
         t_start = pid_s * tiles_per_split
         t_end = tl.minimum(t_start + tiles_per_split, n_tiles)
         offs_s = tl.arange(0, BLOCK_S)
@@ -380,7 +385,7 @@ def _alrkvd_decode_stage1(
                           stride_mlh)
 
     merge_g = tl.arange(0, MERGE_G)  # the merge has no tl.dot: the group unpadded
-    merge_if_last(Tickets + pid_b * NUM_KV_HEADS + pid_kvh, num_splits + 1, Mid_o + pid_b * stride_mob,
+    merge_if_last(Tickets + pid_b * NUM_KV_HEADS + pid_kvh, num_splits + 1, busy + 1, Mid_o + pid_b * stride_mob,
                   Mid_lse + pid_b * stride_mlb, Out + pid_b * stride_ob, pid_kvh * GROUP + merge_g, merge_g < GROUP,
                   offs_d, offs_d < HEAD_DIM, stride_moh, stride_mos, stride_mlh, stride_oh, MERGE_G, HEAD_DIM,
                   MERGE_CHUNK)
@@ -403,7 +408,7 @@ def _stage1_config(q, cache: AlrkvdLayer) -> dict:
 
 
 def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_lens, window_slots,
-                   cos, sin, scale, mid_o, mid_lse, out, tickets, cfg: dict):
+                   cos, sin, scale, mid_o, mid_lse, out, tickets, cfg: dict, min_tokens: int):
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads, block_size = cache.num_kv_heads, cache.block_size
     num_partials = mid_o.shape[2]
@@ -438,7 +443,7 @@ def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_
         BLOCK_SIZE=block_size, BLOCK_N=block_n,
         BLOCK_R=max(16, triton.next_power_of_2(cache.rank_max)),
         BLOCK_S=triton.next_power_of_2(2 * num_kv_heads),
-        K_BITS=cache.k_bits, V_BITS=cache.v_bits, **cfg,
+        K_BITS=cache.k_bits, V_BITS=cache.v_bits, MIN_TILES=max(1, min_tokens // block_n), **cfg,
     )
 
 
@@ -499,7 +504,7 @@ def alrkvd_decode_attention(
     mid_lse = torch.empty(batch, num_q_heads, num_partials, dtype=torch.float32, device=q.device)
     out = torch.empty(batch, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
     _alrkvd_stage1(q, cache, window_k, window_v, block_tables, seq_lens, window_slots, cos, sin, scale,
-                   mid_o, mid_lse, out, decode_tickets(tickets, batch * num_kv_heads, q.device), cfg)
+                   mid_o, mid_lse, out, decode_tickets(tickets, batch * num_kv_heads, q.device), cfg, min_tokens)
     return out
 
 

@@ -71,20 +71,20 @@ def store_partial(Mid_o_row, Mid_lse_row, acc, m_i, l_i, heads, offs_d, mask_g, 
 
 
 @triton.jit
-def merge_if_last(Ticket, num_partials, Mid_o_row, Mid_lse_row, Out_row, heads, mask_g, offs_d, mask_d,
-                  stride_moh, stride_mos, stride_mlh, stride_oh, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                  CHUNK: tl.constexpr):
-    """Stage 2 inside stage 1: the last of a (sequence, kv head)'s programs to store its partial merges all of
-    them into `Out`, out[h] = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max), and sets the ticket back
-    to 0 for the next call. Saves the second kernel: 19.5 -> 18.6 us for ALR-KVD at B=1 L=4k on the H200
-    (BENCHMARKS.md 2e). One pass over the partials with a running max (as stage 1's softmax): each step's
-    lse and partial outputs load together, one round trip to L2 a step instead of two.
+def merge_if_last(Ticket, num_programs, num_partials, Mid_o_row, Mid_lse_row, Out_row, heads, mask_g, offs_d,
+                  mask_d, stride_moh, stride_mos, stride_mlh, stride_oh, BLOCK_G: tl.constexpr,
+                  BLOCK_D: tl.constexpr, CHUNK: tl.constexpr):
+    """Stage 2 inside stage 1: the last of a (sequence, kv head)'s `num_programs` programs to finish merges the
+    first `num_partials` partials into `Out`, out[h] = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max),
+    and sets the ticket back to 0 for the next call. Saves the second kernel: 19.5 -> 18.6 us for ALR-KVD at
+    B=1 L=4k on the H200 (BENCHMARKS.md 2e). One pass over the partials with a running max (as stage 1's
+    softmax): each step's lse and partial outputs load together, one round trip to L2 a step instead of two.
     The barrier and the acquire-release ticket order every thread's partial before the merge's reads, which
     skip L1 (.cg): other SMs wrote them. Mid_o_row, Mid_lse_row, Out_row: this sequence's rows. CHUNK:
     partials per step (`merge_chunk`)."""
     tl.debug_barrier()
     ticket = tl.atomic_add(Ticket, 1, sem="acq_rel", scope="gpu")
-    if ticket == num_partials - 1:
+    if ticket == num_programs - 1:
         offs_c = tl.arange(0, CHUNK)
         lse_rows = Mid_lse_row + heads[:, None] * stride_mlh
         o_rows = Mid_o_row + heads[:, None, None] * stride_moh + offs_d[None, None, :]

@@ -21,6 +21,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+import kernels.alrkvd_attention as alrkvd_mod  # noqa: E402
 from kernels.alrkvd_attention import (  # noqa: E402
     alrkvd_decode_attention, alrkvd_decode_attention_ref, alrkvd_decode_blocks_ref, rope_ref,
 )
@@ -80,14 +81,18 @@ def test_kernel_refuses_mixed_value_bits():
         AlrkvdLayer.from_format(fmt, 0)
 
 
-def test_caller_tickets_are_reset_for_the_next_call():
+def test_caller_tickets_are_reset_for_the_next_call(monkeypatch):
     # the merge inside stage 1 counts finished splits on a ticket per (sequence, kv head); the engine passes one
     # buffer to every layer and step (CUDA graphs replay it), so each call must leave it at zero, and a second
-    # call through it must merge exactly like the first. 37 splits: more partials than one merge step reads.
-    q, case = _random_case([300, 40, 1], num_kv_heads=2, gqa=4, head_dim=64, block_size=32, seed=5)
+    # call through it must merge exactly like the first. 37 splits of one 16-token tile each: more partials than
+    # one merge step reads (32); the shorter sequences leave most splits without tiles.
+    monkeypatch.setitem(alrkvd_mod._DEFAULT_STAGE1, "MIN_TOKENS_PER_SPLIT", 16)
+    q, case = _random_case([37 * 16 + 5, 40, 1], num_kv_heads=1, gqa=4, head_dim=64, block_size=16, seed=5,
+                           rank_max=16)
+    _check(q, case, num_splits=37)
     case = to_device({k: v for k, v in case.items() if k != "fmt"}, DEVICE)
     q, scale = q.to(DEVICE), q.shape[-1] ** -0.5
-    tickets = torch.zeros(8, dtype=torch.int32, device=DEVICE)
+    tickets = torch.zeros(4, dtype=torch.int32, device=DEVICE)
     first = alrkvd_decode_attention(q, scale=scale, num_splits=37, tickets=tickets, **case)
     assert int(tickets.abs().sum()) == 0
     second = alrkvd_decode_attention(q, scale=scale, num_splits=37, tickets=tickets, **case)
