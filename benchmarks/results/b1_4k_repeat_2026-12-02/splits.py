@@ -1,7 +1,9 @@
 """ALR-KVD rank 16 at B=1 L=4k (32 query / 8 kv heads, head_dim 128, block 128) with the split count forced, against
 FP16 SDPA, each timed as bench_attention.py times it (CUDA-graph replays over copies that exceed twice the L2),
 alternated over three rounds. The default launch takes 33 splits there (the table's 33 columns at 128 tokens a
-split) for 62 closed tiles, so 2 splits are empty and the merge reads 34 partials in chunks of 32.
+split) for 62 closed tiles, so 2 splits are empty and the merge reads 34 partials in chunks of 32. (Measured on
+the kernel before the busy-splits change; since it, a split takes at least two tiles and the merge reads only the
+busy splits' partials, so counts above 31 run as 31 here.)
 Usage (repository root): python benchmarks/results/b1_4k_repeat_2026-12-02/splits.py OUT.json"""
 import json, statistics, sys
 import torch
