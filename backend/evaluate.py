@@ -115,8 +115,8 @@ def set_cache(eng, kv_format: str, options: dict, context: int, num_seqs: int = 
     ``context`` tokens (the real PagedKVCache: allocation, window slots, encode on block close)."""
     dtype = eng.model.embed_tokens.weight.dtype
     block_bytes, bs = _block_bytes(kv_format, options, eng.cfg, dtype)
-    sink = int(options.get("sink_tokens", 0))
-    slot = 2 * eng.cfg.num_layers * (bs + sink) * eng.cfg.num_kv_heads * eng.cfg.head_dim * dtype.itemsize
+    from backend.kv_cache import dense_kv_bytes
+    slot = dense_kv_bytes(eng.cfg, bs + int(options.get("sink_tokens", 0)), dtype.itemsize)
     blocks = num_seqs * (-(-(context + 64) // bs) + 1)
     budget = blocks * block_bytes + num_seqs * slot + 1
     if eng.max_model_len < context:
@@ -185,7 +185,8 @@ def perplexity(eng, ids: list[int], context: int, chunk: int, verbose: bool = Fa
     blocks_bpt = cache.block_bytes / cache.block_size
     # the same sequence with its full-precision window held in 16 bits (what a bf16/fp16 model allocates)
     closed = (context // cache.block_size) if cache.windowed else -(-context // cache.block_size)
-    win16 = 2 * eng.cfg.num_layers * window_tokens * eng.cfg.num_kv_heads * eng.cfg.head_dim * 2 + cache.attn_slot_bytes
+    from backend.kv_cache import dense_kv_bytes
+    win16 = dense_kv_bytes(eng.cfg, window_tokens, 2) + cache.attn_slot_bytes
     bpt16 = (closed * cache.block_bytes + win16) / context
     return {
         "ppl": math.exp(nll_sum / count),

@@ -22,6 +22,11 @@ from backend.kv_formats import FORMATS
 logger = logging.getLogger(__name__)
 
 
+def dense_kv_bytes(cfg: ModelConfig, tokens: int, itemsize: int) -> int:
+    """Keys and values of `tokens` tokens of one sequence, every layer, at `itemsize` bytes an element."""
+    return 2 * cfg.num_layers * tokens * cfg.num_kv_heads * cfg.head_dim * itemsize
+
+
 def attention_probs(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """The attention rows of q [n, Hq, D] over keys [Hkv, L, D] (GQA), as SDPA computes them: [Hq, n, L] float32."""
     group = q.shape[1] // keys.shape[0]
@@ -94,8 +99,7 @@ class PagedKVCache:
         # a window slot: its keys and values and the sink's, and for formats that want saliency the attention
         # each window token received
         self.attn_slot_bytes = cfg.num_layers * self.block_size * cfg.num_kv_heads * 4 if probe.wants_saliency else 0
-        self.slot_bytes = (2 * cfg.num_layers * (self.block_size + self.sink_tokens) * cfg.num_kv_heads
-                           * cfg.head_dim * dtype.itemsize + self.attn_slot_bytes)
+        self.slot_bytes = dense_kv_bytes(cfg, self.block_size + self.sink_tokens, dtype.itemsize) + self.attn_slot_bytes
         num_blocks = (budget_bytes - num_slots * self.slot_bytes) // self.block_bytes
         if num_blocks < 1:
             raise ValueError(f"KV budget of {budget_bytes} bytes holds no block ({self.block_bytes} B per block"
@@ -124,10 +128,10 @@ class PagedKVCache:
         self._compressing = None     # the event of the side stream's last compression
         # the decode kernels do not read the sink: with it, the PyTorch path
         self.kernel_layers = None if self.sink_tokens else self._kernel_views(kv_format, cfg.num_layers)
-        if self.sink_tokens and str(device).startswith("cuda") and attention_backend != "torch":
-            logger.warning("sink_tokens=%d: the decode kernels do not read the sink, so decode steps take the "
-                           "PyTorch path", self.sink_tokens)
         if str(device).startswith("cuda") and attention_backend != "torch":
+            if self.sink_tokens:
+                logger.warning("sink_tokens=%d: the decode kernels do not read the sink, so decode steps take "
+                               "the PyTorch path", self.sink_tokens)
             if kv_format in ("full", "fp16"):
                 from kernels.paged_attention import paged_decode_attention
                 self.decode_kernel = paged_decode_attention
@@ -399,7 +403,7 @@ class PagedKVCache:
 
     def baseline_bytes_per_token(self) -> int:
         """What a 16-bit cache stores per token: the serving baseline for compression ratios."""
-        return 2 * self.cfg.num_layers * self.cfg.num_kv_heads * self.cfg.head_dim * 2
+        return dense_kv_bytes(self.cfg, 1, 2)
 
     def stats(self) -> dict:
         return {
