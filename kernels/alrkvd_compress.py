@@ -28,7 +28,7 @@ import triton.language as tl
 from kernels.tuning import get_config
 
 _DEFAULT = {"num_warps": 8, "num_stages": 1}
-GAUSS_SEARCH = (0.8, 0.9, 1.0, 1.12, 1.25)  # backend.kv_formats.quant_gauss's default `search`
+GAUSS_SEARCH = (0.8, 0.9, 1.0, 1.12, 1.25)  # backend.kv_formats.SCALE_SEARCH["gauss"]
 
 
 @triton.jit
@@ -248,6 +248,8 @@ def alrkvd_compress(fmt, layer, block_ids, k: torch.Tensor, v: torch.Tensor, sta
     if o["latent_bits"] != 8 or o["basis_bits"] != 8 or o["rank_budget"] <= 0 or o.get("scale_bits", 16) != 16:
         raise NotImplementedError("the ALR-KVD compression kernel writes latent_bits=8, basis_bits=8, "
                                   "rank_budget>0, scale_bits=16")
+    if o["codebook"] not in ("gauss", "uniform"):
+        raise NotImplementedError("the ALR-KVD compression kernel writes gauss or uniform codes")
     H, D, T = fmt.num_kv_heads, fmt.head_dim, fmt.block_size
     if o["codebook"] == "gauss" and o["group"] < D and max(o["k_bits"], o["v_bits"]) > 2:
         # compiled for the H200 (triton 3.6) this case wrote wrong codes for half the bytes (interpreted it is
