@@ -85,6 +85,9 @@ def test_unknown_option_and_bad_values_are_rejected():
         make_format("alrkvd", L, H, D, torch.float32, "cpu", 2, rank_budget="10", latent_bits="4")
     with pytest.raises(ValueError, match="unknown kv format"):
         make_format("nope", L, H, D, torch.float32, "cpu", 2)
+    for bad in ({"k_bits": "5"}, {"group": "4"}):
+        with pytest.raises(ValueError, match="trellis codebook supports"):
+            make_format("alrkvd", L, H, D, torch.float32, "cpu", 2, codebook="trellis", **bad)
 
 
 # ---------------------------------------------------------------------------------------------------
