@@ -166,10 +166,12 @@ def dequant_asym(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> to
 SCALE_SEARCH = {"gauss": (0.8, 0.9, 1.0, 1.12, 1.25), "trellis": (0.9, 1.0, 1.1)}
 
 
-def quant_scaled(x: torch.Tensor, bits: int, codebook: str, scale_round: Callable[[torch.Tensor], torch.Tensor] | None = None):
+def quant_scaled(x: torch.Tensor, bits: int, codebook: str, scale_round: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 state_bits: int | None = None):
     """Symmetric quantization of groups (the last dim) on a unit-Gaussian codebook, one scale per group: the
     group RMS times the best of ``SCALE_SEARCH[codebook]`` (MSE-optimal per group). ``gauss``: each value
-    on the Lloyd-Max levels; ``trellis``: the group's values coded together (`backend.trellis`).
+    on the Lloyd-Max levels; ``trellis``: the group's values coded together (`backend.trellis`, ``state_bits``
+    its L, None: the default for ``bits``).
     ``scale_round`` maps a float scale to the value actually stored (default: fp16 rounding); the search runs on
     the rounded scales. Returns (codes int32, rounded scale float32 [..., 1])."""
     rnd = scale_round or (lambda t: t.to(torch.float16).float())
@@ -180,14 +182,16 @@ def quant_scaled(x: torch.Tensor, bits: int, codebook: str, scale_round: Callabl
         lv = gauss_codebook(bits).to(x.device)
         q = torch.bucketize(y.contiguous(), (lv[1:] + lv[:-1]) / 2).to(torch.int32)
     else:
-        q = trellis.quantize(y.reshape(-1, y.shape[-1]), bits).reshape(y.shape)
-    err = (dequant_scaled(q, scales, bits, codebook) - x).pow(2).sum(dim=-1, keepdim=True)
+        q = trellis.quantize(y.reshape(-1, y.shape[-1]), bits, state_bits).reshape(y.shape)
+    err = (dequant_scaled(q, scales, bits, codebook, state_bits) - x).pow(2).sum(dim=-1, keepdim=True)
     best = err.argmin(0, keepdim=True)                   # the first of equal errors
     return q.gather(0, best.expand_as(q))[0], scales.gather(0, best)[0]
 
 
-def dequant_scaled(q: torch.Tensor, scale: torch.Tensor, bits: int, codebook: str) -> torch.Tensor:
-    unit = gauss_codebook(bits).to(q.device)[q.long()] if codebook == "gauss" else trellis.dequantize(q, bits)
+def dequant_scaled(q: torch.Tensor, scale: torch.Tensor, bits: int, codebook: str,
+                   state_bits: int | None = None) -> torch.Tensor:
+    unit = (gauss_codebook(bits).to(q.device)[q.long()] if codebook == "gauss"
+            else trellis.dequantize(q, bits, state_bits))
     return unit * scale.float()
 
 
@@ -566,6 +570,7 @@ class ALRKVDFormat(KVFormat):
         "v_bits": (int, 2),
         "group": (int, 64),              # residual scale group (channels of one token)
         "codebook": (str, "gauss"),      # gauss | trellis | uniform
+        "trellis_state_bits": (int, None),   # codebook=trellis: L (None: 8 or 9 per bits; 12: less error, 8x the work)
         "scale_bits": (int, 16),         # residual scales: 16 (fp16) or 8 (log2 steps of 1/16 under a per-block fp16 base)
         "rotate": (_to_bool, True),      # randomized Hadamard on the residual
         "seed": (int, 1234),
@@ -595,8 +600,11 @@ class ALRKVDFormat(KVFormat):
             raise ValueError("codebook must be gauss, trellis or uniform")
         if o["codebook"] == "gauss" and max(o["k_bits"], o["v_bits"]) > 6:
             raise ValueError("gauss codebook supports up to 6 bits")
-        if o["codebook"] == "trellis" and (max(o["k_bits"], o["v_bits"]) > max(trellis.WINDOW) or o["group"] < 8):
-            raise ValueError(f"trellis codebook supports up to {max(trellis.WINDOW)} bits and groups of 8 or more")
+        if o["codebook"] == "trellis" and (max(o["k_bits"], o["v_bits"]) > max(trellis.DEFAULT_STATE_BITS) or o["group"] < 8):
+            raise ValueError(f"trellis codebook supports up to {max(trellis.DEFAULT_STATE_BITS)} bits and groups of 8 or more")
+        if o["codebook"] == "trellis":
+            for bits in {o["k_bits"], o["v_bits"]} | ({o["v_low_bits"]} if o["v_low_tokens"] else set()):
+                trellis.codebook(bits, o["trellis_state_bits"])          # raises if no table is shipped
         if o["basis_solver"] not in ("eigh", "subspace"):
             raise ValueError("basis_solver must be eigh or subspace")
         if o["key_frame"] not in ("pre_rope", "post_rope"):
@@ -756,9 +764,9 @@ class ALRKVDFormat(KVFormat):
                 rms = x.pow(2).mean(-1, keepdim=True).sqrt()
                 base = log_scale_base(rms.amax(dim=(0, 2, 3)) * 1.25)                  # [H] fp16
                 bb = base.view(1, H, 1, 1)
-                q, s = quant_scaled(x, bits, codebook, scale_round=lambda t: log_scale_round(t, bb))
+                q, s = quant_scaled(x, bits, codebook, lambda t: log_scale_round(t, bb), self.options["trellis_state_bits"])
                 return q.reshape(T, H, D), log_scale_code(s, bb)[..., 0], None, base
-            q, s = quant_scaled(x, bits, codebook)
+            q, s = quant_scaled(x, bits, codebook, state_bits=self.options["trellis_state_bits"])
             return q.reshape(T, H, D), s[..., 0].to(torch.float16), None, None
         q, s, z = quant_asym(x, bits, dim=-1)
         return q.reshape(T, H, D), s[..., 0], z[..., 0], None
@@ -770,7 +778,7 @@ class ALRKVDFormat(KVFormat):
         if base is not None:                    # s: uint8 log codes [..., T, H, G], base [..., H]
             s = base.float()[..., None, :, None] * torch.exp2(-s.float() / LOG_SCALE_STEPS)
         if z is None:
-            x = dequant_scaled(q, s[..., None], bits, self.options["codebook"])
+            x = dequant_scaled(q, s[..., None], bits, self.options["codebook"], self.options["trellis_state_bits"])
         else:
             x = dequant_asym(q, s[..., None], z[..., None])
         return x.reshape(shp)

@@ -12,16 +12,16 @@ from backend import trellis
 from backend.kv_formats import gauss_codebook
 
 
-@pytest.mark.parametrize("k", [1, 2])
-def test_viterbi_finds_the_best_path_with_its_prefix(k):
+@pytest.mark.parametrize("k, L", [(1, None), (2, None), (2, 12)])
+def test_viterbi_finds_the_best_path_with_its_prefix(k, L):
     """Against every code vector of n symbols (n at least a state's symbols): the forced-prefix search returns the
     cheapest tail-biting path whose first state starts with the prefix; `quantize`'s codes decode to it."""
-    n = max(6, trellis.WINDOW[k])
-    table = trellis.codebook(k)
+    n = max(6, trellis.state_bits(k, L) // k)
+    table = trellis.codebook(k, L)
     low = table.numel() >> k
     x = torch.randn(3, n, generator=torch.Generator().manual_seed(k))
     every = torch.tensor(list(itertools.product(range(1 << k), repeat=n)))           # [2^(n k), n]
-    paths = trellis.states(every, k)                                                  # their (tail-biting) states
+    paths = trellis.states(every, k, L)                                                 # their (tail-biting) states
     err = (table[paths][None] - x[:, None]).square().sum(-1)                          # [3, 2^(n k)]
     for i in range(3):
         for prefix in (0, 5 % low, low - 1):
@@ -29,11 +29,11 @@ def test_viterbi_finds_the_best_path_with_its_prefix(k):
             best = err[i][ok].min()
             path = trellis._viterbi(x[i:i + 1], table, k, torch.tensor([prefix]))
             assert path[0, 0] // (1 << k) == prefix and path[0, -1] % low == prefix
-            assert torch.equal(trellis.states(path % (1 << k), k), path)              # a tail-biting path
+            assert torch.equal(trellis.states(path % (1 << k), k, L), path)           # a tail-biting path
             assert (table[path[0]] - x[i]).square().sum() == pytest.approx(best.item(), rel=1e-5, abs=1e-6)
-    q = trellis.quantize(x, k)                     # the second pass's path, prefixed by where the free one ended
+    q = trellis.quantize(x, k, L)                  # the second pass's path, prefixed by where the free one ended
     prefix = trellis._viterbi(x, table, k, None)[:, -1] % low
-    assert q.dtype == torch.int32 and torch.equal(trellis.dequantize(q, k), table[trellis._viterbi(x, table, k, prefix)])
+    assert q.dtype == torch.int32 and torch.equal(trellis.dequantize(q, k, L), table[trellis._viterbi(x, table, k, prefix)])
 
 
 # measured with the shipped codebooks on 1,000 unit-Gaussian vectors of 64 (benchmarks/results/alrkvd_trellis_2026-12-02/error_db.py): Lloyd-Max over trellis
