@@ -115,13 +115,14 @@ def quantize(x: torch.Tensor, k: int, L: int | None = None, table: torch.Tensor 
     return torch.cat(out).to(torch.int32)
 
 
-def train_codebook(k: int, L: int | None = None, iters: int = 12, vectors: int | None = None, n: int = 64,
+def train_codebook(k: int, L: int | None = None, iters: int | None = None, vectors: int | None = None, n: int = 64,
                    seed: int = 0) -> torch.Tensor:
-    """Lloyd iterations: Viterbi-assign Gaussian samples (``vectors`` of n per iteration, default
-    max(3000, 4 * 2**L)), move each entry to the mean of its samples. Starts from the Gaussian quantiles in a
-    fixed random order."""
+    """Lloyd iterations (default max(12, 2**L // 100): larger tables converge slower): Viterbi-assign Gaussian
+    samples (``vectors`` of n per iteration, default max(3000, 4 * 2**L)), move each entry to the mean of its
+    samples. Starts from the Gaussian quantiles in a fixed random order."""
     L = state_bits(k, L)
     S = 1 << L
+    iters = max(12, S // 100) if iters is None else iters
     vectors = max(3000, 4 * S) if vectors is None else vectors
     g = torch.Generator().manual_seed(seed)
     q = (torch.arange(S, dtype=torch.float64) + 0.5) / S

@@ -1,6 +1,7 @@
 # Device call 2 and later (carry reports/gguf2; call 1 left reports/gguf1 and /tmp/site there): 16k-token
 # perplexity of the 4.52x preset on the H200, the three WikiText-2 texts in parallel (one process each), fp16
-# first. A sweep skips configurations already in its --out, so a later call resumes where this one stopped.
+# first. A sweep skips configurations already in its --out, so a later call resumes where this one stopped
+# (each sweep is stopped after LIMIT seconds, default 560, so that the results come back within a call).
 # From the repo root: source .device/setup.sh && bash benchmarks/results/trellis_gpu_2026-12-02/run_quality.sh [configs...]
 export PYTHONPATH=/tmp/site:.
 M=/tmp/smollm2.gguf
@@ -11,7 +12,7 @@ python3 -c "t=open('data/wikitext-2-raw/wiki.test.raw',encoding='utf-8',newline=
 for n in (100000, 300000): open(f'$R/wiki_test_after_{n//1000}k_chars.raw','w',encoding='utf-8',newline='').write(t[n:])"
 for t in first 100k 300k; do
   text=data/wikitext-2-raw/wiki.test.raw; [ $t = first ] || text=$R/wiki_test_after_${t}_chars.raw
-  python3 benchmarks/quality_sweep.py --device cuda --dtype float32 --model $M --max-tokens 16384 --text $text \
+  timeout ${LIMIT:-560} python3 benchmarks/quality_sweep.py --device cuda --dtype float32 --model $M --max-tokens 16384 --text $text \
       --out $R/quality_$t.jsonl "$@" > $R/log_$t.txt 2>&1 &
 done
 wait
