@@ -1,4 +1,4 @@
-# Device call 1 (carry .device, .whl, reports/gguf1): the Viterbi kernel against the CPU reference, the block
+# Device call 1 (carry .device, .whl; call 2 carries reports/gguf1 alone: 64 MiB a call): the Viterbi kernel against the CPU reference, the block
 # encode time (gauss against trellis, both state sizes); installs gguf for the quality runs of call 2.
 # From the repo root: source .device/setup.sh && bash benchmarks/results/trellis_gpu_2026-12-02/run_device.sh
 D=benchmarks/results/trellis_gpu_2026-12-02

@@ -1,4 +1,4 @@
-# Device call 2 and later (carry reports/gguf2; call 1 left reports/gguf1 and /tmp/site there): 16k-token
+# Device call 3 and later (carry reports/gguf2; calls 1-2 left .device, /tmp/site and reports/gguf1): 16k-token
 # perplexity of the 4.52x preset on the H200, the three WikiText-2 texts in parallel (one process each), fp16
 # first. A sweep skips configurations already in its --out, so a later call resumes where this one stopped
 # (each sweep is stopped after LIMIT seconds, default 560, so that the results come back within a call).
