@@ -41,6 +41,8 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=2048)
     p.add_argument("--chunk", type=int, default=128)
     p.add_argument("--max-tokens", type=int, default=16384)
+    p.add_argument("--first-token", type=int, default=0,
+                   help="score from this token of the text on (a multiple of --context keeps the windows of a whole run)")
     p.add_argument("--model", default="default")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto")
@@ -66,7 +68,7 @@ def main(argv=None) -> int:
                 done.add(r.get("key"))
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     eng = load_engine(a)
-    ids = load_text_ids(eng, a.text, a.max_tokens)
+    ids = load_text_ids(eng, a.text, a.first_token + a.max_tokens)[a.first_token:]
     while True:
         todo = [ln for ln in configs()
                 if key_of(*parse_config(ln), a.context, a.chunk, len(ids)) not in done]
@@ -79,7 +81,7 @@ def main(argv=None) -> int:
         t0 = time.time()
         set_cache(eng, kv, opts, a.context)
         res = perplexity(eng, ids, a.context, a.chunk)
-        res.update(key=key, config=line, model=a.model, text=os.path.basename(a.text),
+        res.update(key=key, config=line, model=a.model, text=os.path.basename(a.text), first_token=a.first_token,
                    seconds=round(time.time() - t0, 1))
         with open(a.out, "a") as f:
             f.write(json.dumps(res) + "\n")
