@@ -570,7 +570,8 @@ class ALRKVDFormat(KVFormat):
         "v_bits": (int, 2),
         "group": (int, 64),              # residual scale group (channels of one token)
         "codebook": (str, "gauss"),      # gauss | trellis | uniform
-        "trellis_state_bits": (int, None),   # codebook=trellis: L (None: 8 or 9 per bits; 12: less error, 8x the work)
+        "trellis_state_bits": (int, None),   # codebook=trellis: L of the k_bits/v_bits codes (None: 8 or 9; 12: less
+                                             # error, 8x the work); v_low_bits codes keep the default
         "scale_bits": (int, 16),         # residual scales: 16 (fp16) or 8 (log2 steps of 1/16 under a per-block fp16 base)
         "rotate": (_to_bool, True),      # randomized Hadamard on the residual
         "seed": (int, 1234),
@@ -603,7 +604,7 @@ class ALRKVDFormat(KVFormat):
         if o["codebook"] == "trellis" and (max(o["k_bits"], o["v_bits"]) > max(trellis.DEFAULT_STATE_BITS) or o["group"] < 8):
             raise ValueError(f"trellis codebook supports up to {max(trellis.DEFAULT_STATE_BITS)} bits and groups of 8 or more")
         if o["codebook"] == "trellis":
-            for bits in {o["k_bits"], o["v_bits"]} | ({o["v_low_bits"]} if o["v_low_tokens"] else set()):
+            for bits in (o["k_bits"], o["v_bits"]):
                 trellis.codebook(bits, o["trellis_state_bits"])          # raises if no table is shipped
         if o["basis_solver"] not in ("eigh", "subspace"):
             raise ValueError("basis_solver must be eigh or subspace")
@@ -752,33 +753,35 @@ class ALRKVDFormat(KVFormat):
         return ranks, bq, bscale
 
     # -- encode / decode ----------------------------------------------------------------------------------
-    def _quant_resid(self, e: torch.Tensor, bits: int):
+    def _quant_resid(self, e: torch.Tensor, bits: int, low: bool = False):
         """e: [T, H, D] -> codes [T, H, D], stored scale [T, H, G] (fp16, or uint8 log codes), zero or None,
-        base [H] (8-bit scales) or None."""
+        base [H] (8-bit scales) or None. ``low``: the v_low_bits codes (a trellis of the default size)."""
         T, H, D = e.shape
         g = self.options["group"]
         x = e.reshape(T, H, D // g, g)
         codebook = self.options["codebook"]
+        L = None if low else self.options["trellis_state_bits"]
         if codebook != "uniform":
             if self.options["scale_bits"] == 8:
                 rms = x.pow(2).mean(-1, keepdim=True).sqrt()
                 base = log_scale_base(rms.amax(dim=(0, 2, 3)) * 1.25)                  # [H] fp16
                 bb = base.view(1, H, 1, 1)
-                q, s = quant_scaled(x, bits, codebook, lambda t: log_scale_round(t, bb), self.options["trellis_state_bits"])
+                q, s = quant_scaled(x, bits, codebook, lambda t: log_scale_round(t, bb), L)
                 return q.reshape(T, H, D), log_scale_code(s, bb)[..., 0], None, base
-            q, s = quant_scaled(x, bits, codebook, state_bits=self.options["trellis_state_bits"])
+            q, s = quant_scaled(x, bits, codebook, state_bits=L)
             return q.reshape(T, H, D), s[..., 0].to(torch.float16), None, None
         q, s, z = quant_asym(x, bits, dim=-1)
         return q.reshape(T, H, D), s[..., 0], z[..., 0], None
 
-    def _dequant_resid(self, q, s, z, bits, base=None):
+    def _dequant_resid(self, q, s, z, bits, base=None, low=False):
         g = self.options["group"]
         shp = q.shape
         q = q.reshape(*shp[:-1], shp[-1] // g, g)
         if base is not None:                    # s: uint8 log codes [..., T, H, G], base [..., H]
             s = base.float()[..., None, :, None] * torch.exp2(-s.float() / LOG_SCALE_STEPS)
         if z is None:
-            x = dequant_scaled(q, s[..., None], bits, self.options["codebook"], self.options["trellis_state_bits"])
+            x = dequant_scaled(q, s[..., None], bits, self.options["codebook"],
+                               None if low else self.options["trellis_state_bits"])
         else:
             x = dequant_asym(q, s[..., None], z[..., None])
         return x.reshape(shp)
@@ -869,7 +872,7 @@ class ALRKVDFormat(KVFormat):
         T, n_low, bits = self.block_size, self.options["v_low_tokens"], self.options["v_low_bits"]
         low = torch.zeros(T, self.num_kv_heads, dtype=torch.bool, device=e.device)
         low.scatter_(0, saliency.to(e.device).argsort(0)[:n_low], True)
-        ql, sl, zl, _ = self._quant_resid(e, bits)   # the same per-block scale base as the salient codes
+        ql, sl, zl, _ = self._quant_resid(e, bits, low=True)   # the same per-block scale base as the salient codes
         order = self._low_last(low)[..., None].expand_as(q)                            # [T, H, D]
         self.v_resid_low[layer, block_id] = pack_bits(ql.gather(0, order[T - n_low:]), bits)
         self.v_low[layer, block_id] = pack_bits(low.t().to(torch.int32), 1)
@@ -895,10 +898,10 @@ class ALRKVDFormat(KVFormat):
         low = unpack_bits(self.v_low[layer, ids], 1, T).transpose(-1, -2).bool()       # [n, T, H]
         order = self._low_last(low)
         s, z = (None if t is None else t.gather(1, order[..., None].expand_as(t)) for t in (s, z))
-        parts = [self._dequant_resid(c, s[:, a:b], None if z is None else z[:, a:b], bits, base)
-                 for c, a, b, bits in ((q, 0, T - n_low, o["v_bits"]),
-                                       (unpack_bits(self.v_resid_low[layer, ids], o["v_low_bits"], D), T - n_low, T,
-                                        o["v_low_bits"]))]
+        parts = [self._dequant_resid(c, s[:, a:b], None if z is None else z[:, a:b], bits, base, low)
+                 for c, a, b, bits, low in ((q, 0, T - n_low, o["v_bits"], False),
+                                            (unpack_bits(self.v_resid_low[layer, ids], o["v_low_bits"], D), T - n_low,
+                                             T, o["v_low_bits"], True))]
         x = torch.cat(parts, dim=1)
         return torch.empty_like(x).scatter_(1, order[..., None].expand_as(x), x)
 

@@ -98,16 +98,18 @@ def _viterbi(x: torch.Tensor, table: torch.Tensor, k: int, prefix: torch.Tensor 
 
 
 def quantize(x: torch.Tensor, k: int, L: int | None = None, table: torch.Tensor | None = None,
-             chunk: int = 1024) -> torch.Tensor:
+             chunk: int | None = None) -> torch.Tensor:
     """x [N, n] (unit scale) -> codes [N, n] (int32 k-bit symbols) of a tail-biting path. The first pass is
     free; its last state's low bits become the forced prefix of the second (QTIP's tail-biting heuristic).
-    ``chunk`` vectors at a time bound the memory (the path costs, float32 [n, chunk, 2**(L - k)]). On CUDA the
+    ``chunk`` vectors at a time (default: 2 MB of costs, [2**L, chunk] float32, about a core's L2 cache) bound the
+    memory (the path costs, float32 [n, 2**(L - k), chunk]) and keep each step's costs in cache. On CUDA the
     same search runs as one Triton program per vector (kernels/trellis_viterbi.py; power-of-two lengths)."""
     table = codebook(k, L, x.device) if table is None else table
     if x.is_cuda and x.shape[-1] & (x.shape[-1] - 1) == 0:
         from kernels.trellis_viterbi import trellis_quantize
         return trellis_quantize(x, k, table)
     low = table.numel() >> k
+    chunk = chunk or max(64, (1 << 19) // table.numel())
     out = []
     for xc in x.float().split(chunk):
         free_last = _forward(xc, table, k, None)[1].argmin(0)       # the free path's last state
