@@ -18,7 +18,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels import alrkvd_attention, alrkvd_compress, kivi_attention, paged_attention
+from kernels import alrkvd_attention, alrkvd_compress, kivi_attention, paged_attention, trellis_viterbi
 
 
 def _usage(compiled) -> str:
@@ -86,6 +86,11 @@ def main() -> None:
         ("alrkvd compress, kernel preset (T=64, D=128)", alrkvd_compress._alrkvd_compress_kernel, comp_ptrs, set(),
          dict(NUM_KV_HEADS=8, T=64, D=128, TC=32, BLOCK_R=32, BLOCK_S=16, K_BITS=4, V_BITS=4, GROUP=128, UNIFORM=True,
               ROTATE=False, NSEARCH=5, POST_ROPE=True), alrkvd_compress._DEFAULT),
+    ] + [
+        (f"trellis viterbi ({L} state bits, k=3)", trellis_viterbi._viterbi_kernel,
+         dict(X="fp32", Sq="fp32", M2="fp32", Past="fp32", Choice="u8", Codes="i32"), set(),
+         dict(N_STEPS=64, LOW=1 << (L - 3), HI=8), dict(num_warps=2 if L < 12 else 8))
+        for L in (9, 12)
     ]
     del f32
     for name, fn, ptrs, floats, consts, opts in jobs:
