@@ -601,9 +601,9 @@ class ALRKVDFormat(KVFormat):
             raise ValueError("codebook must be gauss, trellis or uniform")
         if o["codebook"] == "gauss" and max(o["k_bits"], o["v_bits"]) > 6:
             raise ValueError("gauss codebook supports up to 6 bits")
-        if o["codebook"] == "trellis" and (max(o["k_bits"], o["v_bits"]) > max(trellis.DEFAULT_STATE_BITS) or o["group"] < 8):
-            raise ValueError(f"trellis codebook supports up to {max(trellis.DEFAULT_STATE_BITS)} bits and groups of 8 or more")
         if o["codebook"] == "trellis":
+            if max(o["k_bits"], o["v_bits"]) > max(trellis.DEFAULT_STATE_BITS) or o["group"] < 8:
+                raise ValueError(f"trellis codebook supports up to {max(trellis.DEFAULT_STATE_BITS)} bits and groups of 8 or more")
             for bits in (o["k_bits"], o["v_bits"]):
                 trellis.codebook(bits, o["trellis_state_bits"])          # raises if no table is shipped
         if o["basis_solver"] not in ("eigh", "subspace"):

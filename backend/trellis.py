@@ -13,6 +13,7 @@ of Gaussian samples and shipped in ``trellis_codebooks.safetensors``; ``python -
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -21,7 +22,6 @@ from safetensors.torch import load_file, save_file
 DEFAULT_STATE_BITS = {1: 8, 2: 8, 3: 9, 4: 8}   # L per symbol width k (a multiple of k); larger L: less error, 2**L work
 CODEBOOK_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trellis_codebooks.safetensors")
 SHIPPED = [(k, L) for k, L in DEFAULT_STATE_BITS.items()] + [(2, 12), (3, 12)]
-_CODEBOOKS: dict[str, torch.Tensor] = {}
 
 
 def state_bits(k: int, L: int | None = None) -> int:
@@ -33,13 +33,17 @@ def state_bits(k: int, L: int | None = None) -> int:
 
 
 def codebook(k: int, L: int | None = None, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The trained table of 2**L float32 values for k-bit symbols."""
-    if not _CODEBOOKS:
-        _CODEBOOKS.update(load_file(CODEBOOK_FILE))
+    """The trained table of 2**L float32 values for k-bit symbols (shared: read, do not modify)."""
     L = state_bits(k, L)
     if (k, L) not in SHIPPED:
         raise ValueError(f"no trained trellis table for {k}-bit symbols and {L} state bits; shipped: {SHIPPED}")
-    return _CODEBOOKS[f"k{k}_L{L}"].to(device)
+    return _table(f"k{k}_L{L}", device)
+
+
+@functools.cache
+def _table(name: str, device: torch.device | str) -> torch.Tensor:
+    """One copy per device: the encoder and decoder ask for a table on every call."""
+    return load_file(CODEBOOK_FILE)[name].to(device)
 
 
 def states(codes: torch.Tensor, k: int, L: int | None = None) -> torch.Tensor:

@@ -29,8 +29,9 @@ def parse_config(line: str) -> tuple[str, dict]:
     return parts[0], dict(p.split("=", 1) for p in parts[1:])
 
 
-def key_of(kv: str, opts: dict, context: int, chunk: int, tokens: int) -> str:
-    return json.dumps([kv, sorted(opts.items()), context, chunk, tokens])
+def key_of(kv: str, opts: dict, context: int, chunk: int, tokens: int, first_token: int = 0) -> str:
+    key = [kv, sorted(opts.items()), context, chunk, tokens] + ([first_token] if first_token else [])
+    return json.dumps(key)
 
 
 def main(argv=None) -> int:
@@ -71,12 +72,12 @@ def main(argv=None) -> int:
     ids = load_text_ids(eng, a.text, a.first_token + a.max_tokens)[a.first_token:]
     while True:
         todo = [ln for ln in configs()
-                if key_of(*parse_config(ln), a.context, a.chunk, len(ids)) not in done]
+                if key_of(*parse_config(ln), a.context, a.chunk, len(ids), a.first_token) not in done]
         if not todo:
             break
         line = todo[0]
         kv, opts = parse_config(line)
-        key = key_of(kv, opts, a.context, a.chunk, len(ids))
+        key = key_of(kv, opts, a.context, a.chunk, len(ids), a.first_token)
         done.add(key)
         t0 = time.time()
         set_cache(eng, kv, opts, a.context)
