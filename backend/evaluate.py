@@ -55,7 +55,7 @@ def memoize_decode(fmt) -> None:
         return
     memo: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
     orig_decode, orig_encode, orig_encode_blocks = fmt.decode, fmt.encode, fmt.encode_blocks
-    positional = getattr(fmt, "options", {}).get("key_frame") == "post_rope"
+    positional = getattr(fmt, "options", {}).get("key_frame") in ("post_rope", "rotated")
 
     def encode(layer, block_id, k, v, **kw):
         memo.pop((layer, int(block_id)), None)

@@ -576,7 +576,8 @@ class ALRKVDFormat(KVFormat):
         "rotate": (_to_bool, True),      # randomized Hadamard on the residual
         "seed": (int, 1234),
         "exact_tokens": (int, 0),        # per block, the tokens with the largest residual energy kept exactly (fp16)
-        "key_frame": (str, "pre_rope"),  # key residual quantized before RoPE (pre_rope) or after it (post_rope)
+        "key_frame": (str, "pre_rope"),  # keys compressed before RoPE (pre_rope), the residual after it (post_rope),
+                                         # or basis, latents and residual all after it (rotated: no RoPE in a kernel)
         "entropy_tilt": (float, 0.0),    # rank weight of a head's streams x (its attention entropy / mean)^this; 0: off
         "basis_solver": (str, "eigh"),   # eigh: exact, on the CPU | subspace: top rank_max + 8 directions, on the data's device
         "v_low_tokens": (int, 0),        # per block and kv head: the least salient tokens get v_low_bits values
@@ -608,8 +609,8 @@ class ALRKVDFormat(KVFormat):
                 trellis.codebook(bits, o["trellis_state_bits"])          # raises if no table is shipped
         if o["basis_solver"] not in ("eigh", "subspace"):
             raise ValueError("basis_solver must be eigh or subspace")
-        if o["key_frame"] not in ("pre_rope", "post_rope"):
-            raise ValueError("key_frame must be pre_rope or post_rope")
+        if o["key_frame"] not in ("pre_rope", "post_rope", "rotated"):
+            raise ValueError("key_frame must be pre_rope, post_rope or rotated")
         if o["scale_bits"] not in (8, 16) or (o["scale_bits"] == 8 and o["codebook"] == "uniform"):
             raise ValueError("scale_bits must be 16, or 8 with the gauss or trellis codebook")
         if o["v_low_tokens"] and not (0 < o["v_low_tokens"] < T and 1 <= o["v_low_bits"] < o["v_bits"]):
@@ -658,18 +659,22 @@ class ALRKVDFormat(KVFormat):
 
     def set_rotary(self, rotary) -> None:
         """The model's RoPE tables (an object with ``cos``/``sin`` [max_len, D], HF half-split layout), needed
-        by ``key_frame=post_rope``."""
+        by ``key_frame=post_rope`` and ``rotated``."""
         self._rotary = rotary
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
         """RoPE (or its inverse) of x [..., T, H, D] at positions [T] (float32)."""
         if self._rotary is None:
-            raise ValueError("alrkvd key_frame=post_rope needs the model's RoPE tables: call set_rotary(rotary)")
+            raise ValueError(f"alrkvd key_frame={self.options['key_frame']} needs the model's RoPE tables: "
+                             "call set_rotary(rotary)")
         cos = self._rotary.cos[positions].to(x.device, torch.float32)[:, None]     # [T, 1, D]
         sin = self._rotary.sin[positions].to(x.device, torch.float32)[:, None]
         half = x.shape[-1] // 2
         rot_half = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos - rot_half * sin if inverse else x * cos + rot_half * sin
+
+    def _positions(self, start: int, n: int) -> torch.Tensor:
+        return torch.arange(start, start + n, device=self.device)
 
     def _raise_r(self):
         raise ValueError("rank_budget must be a multiple of 8 when latent_bits < 8")
@@ -810,15 +815,18 @@ class ALRKVDFormat(KVFormat):
 
     def encode(self, layer, block_id, k, v, start_pos: int | None = None, saliency: torch.Tensor | None = None):
         """Compress one full block: k [T, H, D] before RoPE, v [T, H, D].  ``start_pos`` (the position of
-        the block's first token) is needed by ``key_frame=post_rope`` only; ``saliency`` [T, H] (the mean
+        the block's first token) is needed by ``key_frame=post_rope`` and ``rotated`` only; ``saliency`` [T, H] (the mean
         attention each token received from the queries that saw it) by ``v_low_tokens``."""
         o = self.options
         T, H, D = self.block_size, self.num_kv_heads, self.head_dim
         R = o["rank_budget"]
         post = o["key_frame"] == "post_rope"
-        if post and start_pos is None:
-            raise ValueError("alrkvd key_frame=post_rope: encode needs start_pos (the block's first position)")
-        X = torch.cat([k.float(), v.float()], dim=1).permute(1, 0, 2).contiguous()   # [2H, T, D]
+        if o["key_frame"] != "pre_rope" and start_pos is None:
+            raise ValueError(f"alrkvd key_frame={o['key_frame']}: encode needs start_pos (the block's first position)")
+        keys = k.float()
+        if o["key_frame"] == "rotated":   # the whole key in the frame of the rotated keys
+            keys = self._rope(keys, torch.arange(start_pos, start_pos + T, device=keys.device))
+        X = torch.cat([keys, v.float()], dim=1).permute(1, 0, 2).contiguous()       # [2H, T, D]
         rec = torch.zeros_like(X)
         if R > 0:
             ranks, bq, bscale = self.quantized_basis(layer, *self._svd(X))
@@ -906,8 +914,8 @@ class ALRKVDFormat(KVFormat):
         return torch.empty_like(x).scatter_(1, order[..., None].expand_as(x), x)
 
     def decode(self, layer, block_ids, start_pos: int = 0):
-        """Keys before RoPE and values of the listed blocks; with ``key_frame=post_rope`` the blocks are taken
-        as consecutive from position ``start_pos`` (the cache decodes a sequence's table from its start)."""
+        """Keys before RoPE and values of the listed blocks; with ``key_frame=post_rope`` or ``rotated`` the blocks
+        are taken as consecutive from position ``start_pos`` (the cache decodes a sequence's table from its start)."""
         o = self.options
         ids = self._ids(block_ids, self.device)
         n = ids.numel()
@@ -922,8 +930,8 @@ class ALRKVDFormat(KVFormat):
         if self._rot is not None:
             E = E @ self._rot.t()
         if o["key_frame"] == "post_rope" and n:
-            pos = torch.arange(start_pos, start_pos + n * T, device=E.device)
-            ek = self._rope(E[:, :, :H].reshape(n * T, H, D), pos, inverse=True).reshape(n, T, H, D)
+            ek = self._rope(E[:, :, :H].reshape(n * T, H, D), self._positions(start_pos, n * T),
+                            inverse=True).reshape(n, T, H, D)
             E = torch.cat([ek, E[:, :, H:]], dim=2)
         if R > 0:
             bb = o["basis_bits"]
@@ -943,6 +951,9 @@ class ALRKVDFormat(KVFormat):
             M = ((r >= starts[:, None, :]) & (r < ends[:, None, :])).float()
             # rec[n, T, s, D] = sum_r lat[n,T,r] * M[n,r,s] * B[n,r,D]
             E = E + torch.einsum("ntr,nrs,nrd->ntsd", lat, M, B)
+        if o["key_frame"] == "rotated" and n:
+            E[:, :, :H] = self._rope(E[:, :, :H].reshape(n * T, H, D), self._positions(start_pos, n * T),
+                                     inverse=True).reshape(n, T, H, D)
         if o["exact_tokens"]:
             idx = self.exact_idx[layer, ids].long()                                    # [n, e]
             bidx = torch.arange(n, device=self.device)[:, None].expand_as(idx)
@@ -959,7 +970,8 @@ def _alrkvd_key_scores(self, layer: int, block_id: int, q: torch.Tensor, start_p
     (q B_s^T) . L_hat_s  +  (q' rot) . E_hat_rot  (exact tokens: q . k_exact), where q' = q for
     ``key_frame=pre_rope`` and q' = RoPE(pos) q, the query as it is, for ``post_rope`` (then ``start_pos``
     is the block's first position): with post_rope a kernel rotates the query by ``rot`` once and never
-    touches the key residual again.  Returns [T, H] float32."""
+    touches the key residual again.  With ``rotated`` the low-rank part takes q' as well: (q' B_s^T) is one
+    [R] vector per query and block, and no key is ever rotated.  Returns [T, H] float32."""
     o = self.options
     T, H, D = self.block_size, self.num_kv_heads, self.head_dim
     q = q.float()
@@ -970,8 +982,8 @@ def _alrkvd_key_scores(self, layer: int, block_id: int, q: torch.Tensor, start_p
     base = self.k_rbase[layer, ids][0] if o["scale_bits"] == 8 else None
     e_rot = self._dequant_resid(qq, s_, z, o["k_bits"], base)                       # [T, H, D] rotated frame
     q_res = q
-    if o["key_frame"] == "post_rope":
-        q_res = self._rope(q, torch.arange(start_pos, start_pos + T, device=q.device))
+    if o["key_frame"] != "pre_rope":
+        q_res = self._rope(q, self._positions(start_pos, T))
     q_rot = q_res @ self._rot if self._rot is not None else q_res
     scores = (q_rot * e_rot).sum(-1)
     R = o["rank_budget"]
@@ -985,11 +997,12 @@ def _alrkvd_key_scores(self, layer: int, block_id: int, q: torch.Tensor, start_p
         lat = dequant_asym(unpack_bits(self.latent[layer, block_id], o["latent_bits"], R),
                            self.latent_scale[layer, block_id], self.latent_zero[layer, block_id])  # [T, R]
         ranks = self.ranks[layer, block_id].long().tolist()
+        q_lr = q_res if o["key_frame"] == "rotated" else q
         start = 0
         for h in range(H):                                                           # key streams only
             r = ranks[h]
             if r:
-                qb = q[:, h] @ B[start:start + r].t()                                # [T, r] latent-space query
+                qb = q_lr[:, h] @ B[start:start + r].t()                             # [T, r] latent-space query
                 scores[:, h] += (qb * lat[:, start:start + r]).sum(-1)
             start += r
     if o["exact_tokens"]:

@@ -52,12 +52,16 @@ from kernels.paged_attention import paged_decode_attention  # noqa: E402
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM = 32, 8, 128
 FP16_BLOCK, ALRKVD_BLOCK = 16, 128
 # per-stream ranks of the 8 kv heads: keys, values
-VARIANTS = {
-    "alrkvd-r16": ([16] * 8, [16] * 8),
-    "alrkvd-r32": ([32] * 8, [32] * 8),
-    "alrkvd-r64": ([64] * 8, [64] * 8),
-    "alrkvd-mixed": ([8, 16, 24, 32, 32, 40, 48, 56], [56, 48, 40, 32, 32, 24, 16, 8]),
+RANKS = {
+    "r16": ([16] * 8, [16] * 8),
+    "r32": ([32] * 8, [32] * 8),
+    "r64": ([64] * 8, [64] * 8),
+    "mixed": ([8, 16, 24, 32, 32, 40, 48, 56], [56, 48, 40, 32, 32, 24, 16, 8]),
 }
+# alrkvd-<ranks>: low-rank keys before RoPE, rotated in the kernel (key_frame=post_rope: the residual after it);
+# alrkvd-rot-<ranks>: the whole key compressed after RoPE (key_frame=rotated), no RoPE in the kernel's loop
+VARIANTS = {f"alrkvd-{prefix}{name}": (*ranks, frame) for prefix, frame in (("", "post_rope"), ("rot-", "rotated"))
+            for name, ranks in RANKS.items()}
 KIVI_VARIANTS = {"kivi2": 2, "kivi4": 4}  # KIVI (kernels/kivi_attention.py) at these bits
 
 
@@ -116,7 +120,8 @@ def num_copies(bytes_per_call: int, device) -> int:
 # ------------------------------------------------------------------------------------------------
 # Data
 # ------------------------------------------------------------------------------------------------
-def make_alrkvd(batch, length, num_kv_heads, head_dim, block, ranks_k, ranks_v, device, gen, k_bits=2, v_bits=2):
+def make_alrkvd(batch, length, num_kv_heads, head_dim, block, ranks_k, ranks_v, key_frame, device, gen, k_bits=2,
+                v_bits=2):
     """A synthetic ALR-KVD layer (random codes; speed does not depend on values) holding `batch`
     sequences of `length` tokens in closed blocks, in the format's own storage layout
     (backend.kv_formats.ALRKVDFormat with the kernel's options). Returns (kwargs of the kernel, bytes read)."""
@@ -128,7 +133,7 @@ def make_alrkvd(batch, length, num_kv_heads, head_dim, block, ranks_k, ranks_v, 
     ranks = torch.tensor(ranks_k[:H] + ranks_v[:H], dtype=torch.int16)
     R = int(ranks.sum())
     fmt = make_format("alrkvd", 1, H, D, torch.float16, device, num_blocks=nb, block_size=T,
-                      **kernel_options(D, k_bits=k_bits, v_bits=v_bits, rank_budget=R, rank_min=0,
+                      **kernel_options(D, k_bits=k_bits, v_bits=v_bits, rank_budget=R, rank_min=0, key_frame=key_frame,
                                        rank_max=max(max(ranks_k[:H]), max(ranks_v[:H]))))
     fmt.ranks.copy_(ranks.to(device).expand_as(fmt.ranks))
     for t in (fmt.basis, fmt.latent, fmt.k_resid, fmt.v_resid):  # on the device: gigabytes at B=32, L=128k
@@ -277,17 +282,15 @@ def bench_config(batch, length, variants, args, device, copy_bw, gen):
 TUNE_SPACE = {
     "paged_decode_stage1": [dict(BLOCK_N=n, num_warps=w, num_stages=st)
                             for n, w, st in [(32, 4, 2), (32, 8, 2), (64, 8, 2), (64, 8, 3), (128, 8, 2)]],
-    # maxnreg caps the registers (more programs per SM, some spilled); MIN_TOKENS_PER_SPLIT sets how finely
-    # short contexts split (the default is 256 tokens, as for the paged kernel)
-    "alrkvd_decode_stage1": [dict(BLOCK_N=n, num_warps=w, num_stages=2, **({"maxnreg": r} if r else {}),
-                                  **({"MIN_TOKENS_PER_SPLIT": m} if m else {}))
-                             for n, w, r, m in [(32, 4, 168, 0), (64, 4, 0, 0), (64, 8, 0, 0), (128, 8, 0, 0),
-                                                (64, 4, 0, 128), (128, 8, 0, 128)]],
+    # one warp count at every batch (NUM_WARPS_MANY_PAIRS is left out); capping registers with maxnreg spilled
+    # and was slower (BENCHMARKS.md section 2); MIN_TOKENS_PER_SPLIT 128 as the default
+    "alrkvd_decode_stage1": [dict(BLOCK_N=n, num_warps=w, num_stages=2, MIN_TOKENS_PER_SPLIT=128)
+                             for n, w in [(32, 2), (64, 2), (32, 4), (64, 4), (128, 4), (64, 8), (128, 8)]],
 }
 
 
 def tune(args, device, gen, shapes=((8, 32768),)):
-    """Time each launch configuration of TUNE_SPACE at each (batch, length) of `shapes` (ALR-KVD at rank 16);
+    """Time each launch configuration of TUNE_SPACE at each (batch, length) of `shapes` (ALR-KVD: --tune-variant);
     install the best over all shapes as the kernels' default for the rest of the run. Returns
     {kernel: {best, results: [{config, B, L, us | error}]}}."""
     Hq, Hkv, D = args.num_q_heads, args.num_kv_heads, args.head_dim
@@ -301,7 +304,7 @@ def tune(args, device, gen, shapes=((8, 32768),)):
         kc, vc, bt = make_paged_fp16(k, torch.randn_like(k), FP16_BLOCK, gen)
         del k
         seq_lens = torch.full((batch,), length, dtype=torch.int32, device=device)
-        alr, _ = make_alrkvd(batch, length, Hkv, D, args.block, *VARIANTS["alrkvd-r16"], device, gen)
+        alr, _ = make_alrkvd(batch, length, Hkv, D, args.block, *VARIANTS[args.tune_variant], device, gen)
         calls = {
             "paged_decode_stage1": lambda: paged_decode_attention(q, kc, vc, bt, seq_lens, scale),
             "alrkvd_decode_stage1": lambda: alrkvd_decode_attention(q, scale=scale, **alr),
@@ -373,13 +376,14 @@ def parse_args(argv=None):
     p.add_argument("--tune-shapes", type=lambda s: tuple(int(x) for x in s.split("x")), nargs="+",
                    default=[(8, 32768)], metavar="BxL",
                    help="shapes the sweep times (the best config over all of them is used): e.g. 8x32768 1x4096")
+    p.add_argument("--tune-variant", default="alrkvd-r16", choices=list(VARIANTS), help="the ALR-KVD cache the sweep times")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
     args.num_q_heads, args.num_kv_heads, args.head_dim, args.block = NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, ALRKVD_BLOCK
     if args.smoke:
         args.batches, args.lengths = [2], [192]
         args.num_q_heads, args.num_kv_heads, args.head_dim, args.block = 8, 2, 64, 64  # block >= the mixed ranks
-        args.variants = ["alrkvd-r16", "alrkvd-mixed", "kivi4"]
+        args.variants = ["alrkvd-r16", "alrkvd-mixed", "alrkvd-rot-r16", "kivi4"]
     return args
 
 

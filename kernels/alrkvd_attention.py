@@ -96,6 +96,7 @@ class AlrkvdLayer:
     k_bits: int
     v_bits: int
     rank_max: int
+    rotated_keys: bool = False   # key_frame=rotated: the whole key compressed after RoPE, no RoPE in the kernel
 
     @property
     def block_size(self) -> int:
@@ -114,16 +115,17 @@ class AlrkvdLayer:
         """Views of `backend.kv_formats.ALRKVDFormat` storage for `layer`; NotImplementedError when its
         options are not `KERNEL_OPTIONS` with group = head_dim, k_bits and v_bits in {2, 4, 8}, rank_budget > 0."""
         o = fmt.options
-        if (any(o[k] != v for k, v in KERNEL_OPTIONS.items()) or o["group"] != fmt.head_dim or o["rank_budget"] <= 0
-                or o["k_bits"] not in (2, 4, 8) or o["v_bits"] not in (2, 4, 8)):
-            raise NotImplementedError(f"the ALR-KVD kernel reads {KERNEL_OPTIONS}, group=head_dim, k_bits and "
-                                      "v_bits in {2, 4, 8}, rank_budget>0")
+        if (any(o[k] != v for k, v in KERNEL_OPTIONS.items() if k != "key_frame")
+                or o["key_frame"] not in ("post_rope", "rotated") or o["group"] != fmt.head_dim
+                or o["rank_budget"] <= 0 or o["k_bits"] not in (2, 4, 8) or o["v_bits"] not in (2, 4, 8)):
+            raise NotImplementedError(f"the ALR-KVD kernel reads {KERNEL_OPTIONS} (or key_frame=rotated), "
+                                      "group=head_dim, k_bits and v_bits in {2, 4, 8}, rank_budget>0")
         return cls(
             ranks=fmt.ranks[layer], basis=fmt.basis[layer], basis_scale=fmt.basis_scale[layer],
             latent=fmt.latent[layer], latent_scale=fmt.latent_scale[layer], latent_zero=fmt.latent_zero[layer],
             k_resid=fmt.k_resid[layer], k_rscale=fmt.k_rscale[layer], k_rzero=fmt.k_rzero[layer],
             v_resid=fmt.v_resid[layer], v_rscale=fmt.v_rscale[layer], v_rzero=fmt.v_rzero[layer],
-            k_bits=o["k_bits"], v_bits=o["v_bits"], rank_max=o["rank_max"],
+            k_bits=o["k_bits"], v_bits=o["v_bits"], rank_max=o["rank_max"], rotated_keys=o["key_frame"] == "rotated",
         )
 
 
@@ -198,6 +200,7 @@ def _alrkvd_decode_stage1(
     BLOCK_R: tl.constexpr,  # >= rank_max, >= 16, a power of two
     BLOCK_S: tl.constexpr,  # >= 2 * NUM_KV_HEADS, a power of two
     K_BITS: tl.constexpr, V_BITS: tl.constexpr,
+    ROTATED_KEYS: tl.constexpr,  # key_frame=rotated: low-rank key scores are (q B^T) . latents, no RoPE per token
     MIN_TILES: tl.constexpr,  # the fewest tiles a split takes (MIN_TOKENS_PER_SPLIT / BLOCK_N)
 ):
     """Grid (B, num_kv_heads, num_splits + 1): the first splits share the closed (compressed) blocks' tiles, at
@@ -263,10 +266,11 @@ def _alrkvd_decode_stage1(
         offs_s = tl.arange(0, BLOCK_S)
         bt_row = Block_tables + pid_b * stride_btb
         kvh64 = pid_kvh.to(tl.int64)
-        # cos/sin(j * theta) of the token offsets j inside a tile (table rows 0..BLOCK_N-1), the same for every tile
-        j_off = offs_n[:, None] * stride_cs + offs_h[None, :]
-        cos_j = tl.load(Cos + j_off).to(tl.float16)
-        sin_j = tl.load(Sin + j_off).to(tl.float16)
+        if not ROTATED_KEYS:
+            # cos/sin(j * theta) of the token offsets j inside a tile (table rows 0..BLOCK_N-1), the same for every tile
+            j_off = offs_n[:, None] * stride_cs + offs_h[None, :]
+            cos_j = tl.load(Cos + j_off).to(tl.float16)
+            sin_j = tl.load(Sin + j_off).to(tl.float16)
         all_n = offs_n < BLOCK_N
         mask_s = offs_s < 2 * NUM_KV_HEADS
         # residual runs (backend.kv_formats.pack_bits): a key's columns come as PK runs of NK, one per code
@@ -314,20 +318,26 @@ def _alrkvd_decode_stage1(
             basis_blk = Basis + block * stride_bn
             lat_blk = Latent + block * stride_ln
 
-            # -- keys: the basis rotated to the tile's first position, latents @ basis', RoPE_j, + residual
             bk_s = tl.load(Basis_scale + sc_blk + off_k + offs_r, mask=mk, other=0.0).to(tl.float32)[:, None]
             bk1 = _load_2d(basis_blk + off_k * stride_br, offs_r, offs_h, mk, offs_h < HALF, stride_br, 1) * bk_s
             bk2 = _load_2d(basis_blk + off_k * stride_br + HALF, offs_r, offs_h, mk, offs_h < HALF, stride_br, 1) * bk_s
-            p0_off = (blk * BLOCK_SIZE + t % TILES * BLOCK_N).to(tl.int64) * stride_cs + offs_h
-            b1, b2 = _rope(bk1, bk2, tl.load(Cos + p0_off)[None, :], tl.load(Sin + p0_off)[None, :])
             lk_s = tl.load(Latent_scale + sc_blk + off_k + offs_r, mask=mk, other=0.0).to(tl.float32)[None, :]
             lk_z = tl.load(Latent_zero + sc_blk + off_k + offs_r, mask=mk, other=0.0).to(tl.float32)[None, :]
             lk = _load_2d(lat_blk + off_k * stride_lr, rows, offs_r, all_n, mk, stride_lt, stride_lr)
-            lk = lk.to(tl.float32) * lk_s + lk_z
-            lk = lk.to(tl.float16)
-            # the rebuilt keys and their RoPE in fp16: half the registers, and they go to tl.dot as fp16 anyway
-            k1, k2 = _rope(tl.dot(lk, b1.to(tl.float16), out_dtype=tl.float16),
-                           tl.dot(lk, b2.to(tl.float16), out_dtype=tl.float16), cos_j, sin_j)
+            if ROTATED_KEYS:
+                # -- keys: q . (lat_t B) = (q B^T) . lat_t, with the latents' scale and zero folded into q B^T
+                qb = tl.dot(q1, tl.trans(bk1.to(tl.float16))) + tl.dot(q2, tl.trans(bk2.to(tl.float16)))
+                s_low = tl.dot((qb * lk_s).to(tl.float16), tl.trans(lk.to(tl.float16))) \
+                    + tl.sum(qb * lk_z, 1)[:, None]
+            else:
+                # -- keys: the basis rotated to the tile's first position, latents @ basis', RoPE_j, + residual
+                p0_off = (blk * BLOCK_SIZE + t % TILES * BLOCK_N).to(tl.int64) * stride_cs + offs_h
+                b1, b2 = _rope(bk1, bk2, tl.load(Cos + p0_off)[None, :], tl.load(Sin + p0_off)[None, :])
+                lk = (lk.to(tl.float32) * lk_s + lk_z).to(tl.float16)
+                # the rebuilt keys and their RoPE in fp16: half the registers, and they go to tl.dot as fp16 anyway
+                k1, k2 = _rope(tl.dot(lk, b1.to(tl.float16), out_dtype=tl.float16),
+                               tl.dot(lk, b2.to(tl.float16), out_dtype=tl.float16), cos_j, sin_j)
+                s_low = tl.dot(q1, tl.trans(k1.to(tl.float16))) + tl.dot(q2, tl.trans(k2.to(tl.float16)))
             # -- key residual, codes * rscale + rzero per token: q . e = rscale (q . codes) + rzero sum(q); run r
             #    of the codes arrives as code * 2^(r K_BITS), the power of two taken off the run's fp32 dot
             kc = _code_runs(tl.load(K_resid + block * stride_krn + kvh64 * stride_krh + rows[:, None] * stride_krt
@@ -338,8 +348,7 @@ def _alrkvd_decode_stage1(
             if PK == 4:
                 s_res += tl.dot(qk2, tl.trans(kc[2])) * (1.0 / 16) + tl.dot(qk3, tl.trans(kc[3])) * (1.0 / 64)
             ks_off = block * stride_ksn + kvh64 * stride_ksh + rows * stride_kst
-            s = tl.dot(q1, tl.trans(k1.to(tl.float16))) + tl.dot(q2, tl.trans(k2.to(tl.float16))) \
-                + s_res * tl.load(K_rscale + ks_off).to(tl.float32)[None, :] \
+            s = s_low + s_res * tl.load(K_rscale + ks_off).to(tl.float32)[None, :] \
                 + q_sum[:, None] * tl.load(K_rzero + ks_off).to(tl.float32)[None, :]
             p, alpha, m_i, l_i = softmax_update(s * qk_scale, all_n, m_i, l_i)
             p16 = p.to(tl.float16)
@@ -443,7 +452,7 @@ def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_
         BLOCK_SIZE=block_size, BLOCK_N=block_n,
         BLOCK_R=max(16, triton.next_power_of_2(cache.rank_max)),
         BLOCK_S=triton.next_power_of_2(2 * num_kv_heads),
-        K_BITS=cache.k_bits, V_BITS=cache.v_bits, MIN_TILES=max(1, min_tokens // block_n), **cfg,
+        K_BITS=cache.k_bits, V_BITS=cache.v_bits, ROTATED_KEYS=cache.rotated_keys, MIN_TILES=max(1, min_tokens // block_n), **cfg,
     )
 
 
@@ -547,7 +556,7 @@ def alrkvd_decode_blocks_ref(cache: AlrkvdLayer, blocks: torch.Tensor, cos: torc
     resid = [_unpack_ref(getattr(cache, f"{kv}_resid")[blocks], getattr(cache, f"{kv}_bits"), D).float()
              * getattr(cache, f"{kv}_rscale")[blocks].float() + getattr(cache, f"{kv}_rzero")[blocks].float()
              for kv in ("k", "v")]  # [n, T, H, D]
-    k = rope_ref(low[:, :H], cos[: n * T], sin[: n * T]) + resid[0].flatten(0, 1)
+    k = (low[:, :H] if cache.rotated_keys else rope_ref(low[:, :H], cos[: n * T], sin[: n * T])) + resid[0].flatten(0, 1)
     return k, low[:, H:] + resid[1].flatten(0, 1)
 
 

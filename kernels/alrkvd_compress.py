@@ -9,6 +9,7 @@ range over the block first), never writing anything but the packed result:
     lat = X_s @ B_s^T                      latents [T, r_s], then asymmetric 8-bit per row over T
     E   = X_s - lat_hat @ B_s              residual; for keys with key_frame=post_rope, RoPE of the
                                            tokens' positions; then @ rot (if the format rotates)
+(key_frame=rotated: the keys are rotated by RoPE in PyTorch first, then compressed as they are.)
     codes/scales per (token, group)        gauss: RMS x best of 5 factors on the Lloyd-Max levels;
                                            uniform: asymmetric; then bit-plane packing (pack_bits)
 Same arithmetic as the PyTorch encode (fp32 IEEE dots, division and square root correctly rounded,
@@ -243,7 +244,7 @@ def alrkvd_compress(fmt, layer, block_ids, k: torch.Tensor, v: torch.Tensor, sta
     """Compress full blocks `k, v [n, T, H, D]` (keys before RoPE) into `block_ids` of an `ALRKVDFormat`
     (latent_bits = basis_bits = 8, rank_budget > 0): what `fmt.encode` does per block. `layer`: the layer
     of every block, or a list of each block's layer (one call for every layer of a decode step).
-    `start_pos` [n]: each block's first position (key_frame=post_rope only)."""
+    `start_pos` [n]: each block's first position (key_frame=post_rope and rotated only)."""
     o = fmt.options
     if o["latent_bits"] != 8 or o["basis_bits"] != 8 or o["rank_budget"] <= 0 or o.get("scale_bits", 16) != 16:
         raise NotImplementedError("the ALR-KVD compression kernel writes latent_bits=8, basis_bits=8, "
@@ -262,6 +263,12 @@ def alrkvd_compress(fmt, layer, block_ids, k: torch.Tensor, v: torch.Tensor, sta
     assert n == k.shape[0]
     if n == 0:
         return
+    if o["key_frame"] != "pre_rope" and (start_pos is None or fmt._rotary is None):
+        raise ValueError(f"alrkvd key_frame={o['key_frame']}: compress needs start_pos and fmt.set_rotary(rotary)")
+    if o["key_frame"] == "rotated":  # the whole key after RoPE: rotate here once (fp32, as encode), then as pre_rope
+        pos = (_indices(start_pos, k.device)[:, None] + torch.arange(T, device=k.device)).flatten()
+        k = fmt._rope(k.flatten(0, 1).float(), pos).unflatten(0, (n, T))
+        v = v.float()
     layers = _indices(layer if isinstance(layer, (list, tuple)) else [layer] * n, k.device)
     rows = layers * fmt.ranks.shape[1] + _indices(block_ids, k.device)  # in the (layer, block)-flattened storage
     _basis_step(fmt, layers, rows, k, v)
@@ -270,8 +277,6 @@ def alrkvd_compress(fmt, layer, block_ids, k: torch.Tensor, v: torch.Tensor, sta
     dev = k.device
     post = o["key_frame"] == "post_rope"
     if post:
-        if start_pos is None or fmt._rotary is None:
-            raise ValueError("alrkvd key_frame=post_rope: compress needs start_pos and fmt.set_rotary(rotary)")
         start = _indices(start_pos, dev)
         cos, sin = fmt._rotary.cos, fmt._rotary.sin
     else:

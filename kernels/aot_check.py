@@ -68,10 +68,10 @@ def main() -> None:
         ("decode reduce (D=128)", paged_attention._decode_reduce_stage2, dict(Mid_o="fp32", Mid_lse="fp32", Out="fp16"),
          set(), dict(BLOCK_P=16, HEAD_DIM=128, BLOCK_D=128), dict(num_warps=1)),
     ] + [
-        (f"alrkvd stage 1 (rank<={r})", alrkvd_attention._alrkvd_decode_stage1, alr_ptrs, {"qk_scale"},
-         dict(alr_common, BLOCK_N=cfg["BLOCK_N"], BLOCK_R=r),
-         {k: v for k, v in cfg.items() if k not in ("BLOCK_N", "MIN_TOKENS_PER_SPLIT", "NUM_WARPS_MANY_PAIRS")})
-        for r in (16, 64)
+        (f"alrkvd stage 1 (rank<={r}{', rotated keys' if rot else ''}, {w} warps)", alrkvd_attention._alrkvd_decode_stage1,
+         alr_ptrs, {"qk_scale"}, dict(alr_common, BLOCK_N=cfg["BLOCK_N"], BLOCK_R=r, ROTATED_KEYS=rot),
+         dict(num_warps=w, num_stages=cfg["num_stages"]))
+        for rot in (False, True) for r in (16, 64) for w in (cfg["num_warps"], cfg["NUM_WARPS_MANY_PAIRS"])
     ] + [
         ("kivi stage 1 (2 bits, D=128, G=4)", kivi_attention._kivi_decode_stage1,
          dict(Q="fp16", Block_tables="i32", Seq_lens="i32", Window_slots="i32", Window_k="fp16", Window_v="fp16",

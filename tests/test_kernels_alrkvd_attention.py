@@ -53,10 +53,11 @@ def _check(q, case, num_splits):
     assert stats["check_ok"], stats
 
 
-def test_reference_decode_matches_format():
+@pytest.mark.parametrize("key_frame", ["post_rope", "rotated"])
+def test_reference_decode_matches_format(key_frame):
     # the reference's block decode restates ALRKVDFormat.decode (values exactly; keys through RoPE and back)
     q, case = _random_case([3 * 32], num_kv_heads=2, gqa=1, head_dim=64, block_size=32, seed=1,
-                           rank_per_head=6.0)
+                           rank_per_head=6.0, key_frame=key_frame)
     fmt, blocks = case["fmt"], case["block_tables"][0, :3]
     k_fmt, v_fmt = fmt.decode(0, blocks.tolist(), start_pos=0)
     k_ref, v_ref = alrkvd_decode_blocks_ref(case["cache"], blocks, case["cos"], case["sin"])
@@ -110,6 +111,15 @@ def test_gqa_and_ranks(group, rank_per_head):
     _check(q, case, num_splits=2)
 
 
+@pytest.mark.parametrize("group", [1, 3, 4])
+def test_rotated_keys(group):
+    # key_frame=rotated: the low-rank key scores come from (q B^T) . latents, no RoPE in the loop
+    q, case = _random_case([5, 2 * 32 + 17, 3 * 32], num_kv_heads=2, gqa=group, head_dim=64, block_size=32,
+                           seed=group * 10 + 3, rank_per_head=8.0, key_frame="rotated")
+    assert case["cache"].rotated_keys
+    _check(q, case, num_splits=2)
+
+
 def test_block_filled_this_step_is_read_from_the_window():
     # the cache compresses a block that a decode step fills after the attention (on a side stream), so the
     # kernel must read it from the window: whatever its compressed storage holds does not change the output
@@ -136,16 +146,17 @@ def test_format_options(options):
     _check(q, case, num_splits=3)
 
 
-def test_head_dim_128_and_splits():
+@pytest.mark.parametrize("key_frame", ["post_rope", "rotated"])
+def test_head_dim_128_and_splits(key_frame):
     # Qwen3-like head: D = 128, group 4, block 64; more splits than blocks (empty splits)
     q, case = _random_case([3 * 64 + 1], num_kv_heads=1, gqa=4, head_dim=128, block_size=64, seed=3,
-                           rank_per_head=16.0)
+                           rank_per_head=16.0, key_frame=key_frame)
     _check(q, case, num_splits=5)
 
 
 @pytest.mark.skipif(not SMOLLM2_KV.exists(), reason="kernels/testdata/smollm2_kv.pt not present")
-@pytest.mark.parametrize("layer", [3, 20])
-def test_smollm2_keys_values(layer):
+@pytest.mark.parametrize("layer,key_frame", [(3, "post_rope"), (20, "post_rope"), (3, "rotated"), (20, "rotated")])
+def test_smollm2_keys_values(layer, key_frame):
     # real keys (before RoPE) and values of SmolLM2-135M: 3 kv heads, GQA 3, head_dim 64
     data = torch.load(SMOLLM2_KV)
     k, v, q_pre = data[f"k{layer}"], data[f"v{layer}"], data[f"q{layer}"]
@@ -160,7 +171,7 @@ def test_smollm2_keys_values(layer):
         wk.append(k[closed * T:n])
         wv.append(v[closed * T:n])
     case = build_alrkvd_case(kb, vb, wk, wv, gen, rope_theta=data["rope_theta"], block_size=T,
-                             rank_per_head=8.0)
+                             rank_per_head=8.0, key_frame=key_frame)
     # the query of the token at position n - 1, rotated there
     q = torch.stack([rope_ref(q_pre[-4 + i][None], case["cos"][[n - 1]], case["sin"][[n - 1]])[0]
                      for i, n in enumerate(lengths)]).half()

@@ -64,6 +64,8 @@ def _compare(k, v, block_ids, num_blocks, layers=None, tilts=(), **options):
     {"key_frame": "post_rope"},
     {"key_frame": "post_rope", "codebook": "uniform", "rotate": "false", "k_bits": 4},  # the decode kernel's set
     {"key_frame": "post_rope", "codebook": "uniform", "rotate": "false", "basis_solver": "subspace", "rank_max": 16},
+    {"key_frame": "rotated", "codebook": "uniform", "rotate": "false", "basis_solver": "subspace", "rank_max": 16},
+    {"key_frame": "rotated"},
 ])
 def test_random_blocks(options):
     gen = torch.Generator().manual_seed(len(options))

@@ -639,8 +639,9 @@ def _rotary():
 POST = {"key_frame": "post_rope", "scale_bits": "8", "latent_bits": "4", "rank_budget": "24"}
 
 
-def test_post_rope_needs_positions_and_tables():
-    fmt = make_format("alrkvd", L, H, D, torch.float32, "cpu", 4, **POST)
+@pytest.mark.parametrize("frame", ["post_rope", "rotated"])
+def test_post_rope_needs_positions_and_tables(frame):
+    fmt = make_format("alrkvd", L, H, D, torch.float32, "cpu", 4, **{**POST, "key_frame": frame})
     k, v = random_kv(128)
     with pytest.raises(ValueError, match="start_pos"):
         fmt.encode(0, 0, k, v)
@@ -651,7 +652,7 @@ def test_post_rope_needs_positions_and_tables():
 def test_post_rope_error_bound_and_same_error_as_pre_rope():
     rot = _rotary()
     errs = {}
-    for frame in ("pre_rope", "post_rope"):
+    for frame in ("pre_rope", "post_rope", "rotated"):
         fmt = make_format("alrkvd", L, H, D, torch.float32, "cpu", 8, **{**POST, "key_frame": frame})
         fmt.set_rotary(rot)
         tot = 0.0
@@ -665,9 +666,10 @@ def test_post_rope_error_bound_and_same_error_as_pre_rope():
     assert errs["post_rope"] == pytest.approx(errs["pre_rope"], rel=0.1)
 
 
-def test_post_rope_decode_positions_and_compressed_scores():
+@pytest.mark.parametrize("frame", ["post_rope", "rotated"])
+def test_post_rope_decode_positions_and_compressed_scores(frame):
     rot = _rotary()
-    fmt = make_format("alrkvd", L, H, D, torch.float32, "cpu", 4, **POST)
+    fmt = make_format("alrkvd", L, H, D, torch.float32, "cpu", 4, **{**POST, "key_frame": frame})
     fmt.set_rotary(rot)
     blocks = [random_kv(128, seed=s) for s in range(3)]
     for b, (k, v) in enumerate(blocks):
