@@ -120,6 +120,15 @@ def cpu_logit_drift() -> dict:
 
 
 # ---- GPU ------------------------------------------------------------------------------------
+def kernel_format(name: str, head_dim: int) -> tuple[str, dict]:
+    """A format name of these benchmarks -> (kv_format, kv_options): `alrkvd` with the options its Triton kernels
+    read, `alrkvd-rotated` the same with key_frame=rotated; other formats as they are."""
+    kv_format, _, key_frame = name.partition("-")
+    if kv_format != "alrkvd":
+        return name, {}
+    return kv_format, kernel_options(head_dim, **({"key_frame": key_frame} if key_frame else {}))
+
+
 def kernel_tokens(kv_format: str = "alrkvd", steps: int = 60) -> list[dict]:
     """Greedy tokens of a compressed format's decode kernel (alrkvd, kivi2, kivi4) against the PyTorch path,
     float32 on CUDA, dummy SmolLM2-shaped weights (4 layers), three prompts whose decodes cross block borders;
@@ -132,7 +141,8 @@ def kernel_tokens(kv_format: str = "alrkvd", steps: int = 60) -> list[dict]:
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 4096, (n,), generator=g).tolist() for n in (300, 250, 90)]
     tokens = {}
-    options = kernel_options(64) if kv_format == "alrkvd" else {}
+    label = kv_format
+    kv_format, options = kernel_format(kv_format, 64)
     for backend, side_stream, eager in (("auto", False, False), ("auto-side-stream", True, False),
                                         ("auto-eager", False, True), ("torch", False, True)):
         engine = LLMEngine(EngineArgs(model=folder, load_format="dummy", tokenizer="none", device="cuda",
@@ -151,7 +161,7 @@ def kernel_tokens(kv_format: str = "alrkvd", steps: int = 60) -> list[dict]:
     rows = []
     for n, a, side, eager, b in zip((300, 250, 90), tokens["auto"], tokens["auto-side-stream"], tokens["auto-eager"],
                                     tokens["torch"]):
-        rows.append({"kv_format": kv_format, "prompt_tokens": n, "steps": steps, "equal": a == b,
+        rows.append({"kv_format": label, "prompt_tokens": n, "steps": steps, "equal": a == b,
                      "first_difference": next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None),
                      "side_stream_equals_inline": side == a, "graphs_equal_eager": a == eager})
     return rows
@@ -196,13 +206,13 @@ def expert_bytes(cfg: dict, elt: int = 2) -> int:
 
 def dummy_engine(name: str, kv_format: str, **args) -> LLMEngine:
     """The engine on CUDA over dummy weights of SHAPES[name] (chunks of 8192 tokens, 40960 positions);
-    `alrkvd` with the options its Triton kernels read."""
+    `alrkvd` with the options its Triton kernels read; `alrkvd-rotated` the same with key_frame=rotated."""
     shape = SHAPES[name]
     folder = tempfile.mkdtemp()
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(shape, f)
     head_dim = shape.get("head_dim") or shape["hidden_size"] // shape["num_attention_heads"]
-    kv_options = kernel_options(head_dim) if kv_format == "alrkvd" else {}
+    kv_format, kv_options = kernel_format(kv_format, head_dim)
     return LLMEngine(EngineArgs(model=folder, load_format="dummy", tokenizer="none", device="cuda",
                                 kv_format=kv_format, kv_options=kv_options, max_num_batched_tokens=8192,
                                 max_model_len=40960, **args))
@@ -213,8 +223,8 @@ def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv
     """`expert_fractions` below 1: the routed experts stream from pinned host memory through a
     device cache of that fraction of their bytes (backend/experts.py), the whole model in the engine.
     `kv_formats`: the paged cache's format (fp16: the Triton paged kernel; others: their decode path);
-    `alrkvd` gives two rows from one engine: `alrkvd` (the blocks a decode step fills compressed on the main
-    stream when the step's forward is queued, the default) and `alrkvd-side-stream` (kv_compress_stream=True).
+    `alrkvd` (and `alrkvd-rotated`) gives two rows from one engine: the blocks a decode step fills compressed on
+    the main stream when the step's forward is queued (the default), and on a side stream (kv_compress_stream=True).
     `modes`: decode steps replayed as CUDA graphs (`graphs`, the engine's default where it can) or launched
     from Python (`eager`), in the same engine."""
     rows = []
@@ -235,7 +245,7 @@ def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv
         side_stream = engine.cache.compress_stream
         # alrkvd twice in the same engine: the blocks decode steps fill compressed inline (the default), then on
         # the side stream
-        variants = ([("alrkvd", None), ("alrkvd-side-stream", side_stream)] if side_stream is not None
+        variants = ([(kv_format, None), (f"{kv_format}, side stream", side_stream)] if side_stream is not None
                     else [(kv_format, None)])
         graphs = engine.graphs
         for batch in batches:

@@ -169,12 +169,14 @@ def test_decode_fast_path_glue(smollm):
     assert got == expected
 
 
-def test_alrkvd_decode_kernel_glue():
+@pytest.mark.parametrize("key_frame", ["post_rope", "rotated"])
+def test_alrkvd_decode_kernel_glue(key_frame):
     """The CUDA decode path of ALR-KVD (new tokens into their window slots, a full block compressed,
     the kernel over closed blocks + window) gives the PyTorch path's tokens; on CPU the kernel's
     PyTorch reference stands in for the Triton kernel."""
     from kernels.alrkvd_attention import alrkvd_decode_attention_ref, kernel_options
-    engine = LLMEngine(EngineArgs(model="default", kv_format="alrkvd", kv_options=kernel_options(64), max_num_seqs=4))
+    engine = LLMEngine(EngineArgs(model="default", kv_format="alrkvd", kv_options=kernel_options(64, key_frame=key_frame),
+                                  max_num_seqs=4))
     assert engine.cache.kernel_layers is not None and engine.cache.decode_kernel is None  # CPU: PyTorch path
     prompts = [PROMPTS[3] * 6, PROMPTS[1] * 3]
     lengths = [len(engine.tokenizer.encode(p)) for p in prompts]
