@@ -17,7 +17,9 @@ V0..V{H-1}, stream s owning rows [sum(ranks[:s]), sum(ranks[:s+1]))):
     value(t)          = (latent_t * scale + zero) @ (basis * basis_scale) + codes_t * rscale_t + rzero_t
     rotated key(t)    = RoPE_t((latent_t * scale + zero) @ (basis * basis_scale)) + codes_t * rscale_t + rzero_t
 The low-rank part of a key is stored before RoPE (where keys are low-rank) and rotated in the kernel;
-the residual is stored after RoPE, so it is added as it is. The window `[num_slots, block_size, H, D]`
+the residual is stored after RoPE, so it is added as it is. With key_frame=rotated the low-rank part is stored
+after RoPE too (rotated key(t) = latent_t @ basis + residual): the scores are (q B^T) . latent_t, no RoPE in the
+loop, 1.08-1.56x faster on the H200, slightly worse keys (BENCHMARKS.md section 2h). The window `[num_slots, block_size, H, D]`
 (model dtype, keys before RoPE) holds the last 1..block_size tokens of each sequence: a block that
 fills in this step is still read from the window, so the cache compresses it after the step's forward,
 with the blocks of every layer in one call (backend/kv_cache.py), instead of before each layer's attention.
@@ -26,7 +28,8 @@ Stage 1 (one program per sequence, kv head and split of the closed tiles; the ex
 num_splits takes the window), per tile of BLOCK_N tokens of a closed block:
     keys:   the head's basis rows rotated once to the tile's first position p0 (RoPE is a rotation
             per frequency pair, so RoPE_{p0 + j} = RoPE_j o RoPE_{p0}), k = latents @ basis', then
-            RoPE_j with cos/sin(j * theta) (table rows 0..BLOCK_N-1) held in registers for the whole loop;
+            RoPE_j with cos/sin(j * theta) (table rows 0..BLOCK_N-1) held in registers for the whole loop
+            (ROTATED_KEYS: (q B^T) * latent scale, dotted with the latent codes, + (q B^T) . latent zero);
             scores of every query head of the GQA group with tl.dot, the low-rank part and the residual
             apart: q . e_t = rscale_t (q . codes_t) + rzero_t sum(q), one dot per code run with the same
             run of query columns, so no per-element scale, zero or interleave;
