@@ -153,6 +153,13 @@ def _code_runs(b, BITS: tl.constexpr):
 
 
 @triton.jit
+def _s8_code(b):
+    """int8 basis codes b as fp16 without an int-to-float conversion: the byte XOR 0x80 is b + 128, and OR-ed with
+    0x6400 (bits that do not overlap: one XOR with 0x6480) it reads as the fp16 1152 + b; taking 1152 off is exact."""
+    return ((b.to(tl.int16) & 0xFF) ^ 0x6480).to(tl.float16, bitcast=True) - 1152.0
+
+
+@triton.jit
 def _load_2d(Ptr, rows, cols, mask_rows, mask_cols, stride_row, stride_col):
     return tl.load(Ptr + rows[:, None] * stride_row + cols[None, :] * stride_col,
                    mask=mask_rows[:, None] & mask_cols[None, :], other=0)
@@ -321,18 +328,21 @@ def _alrkvd_decode_stage1(
             basis_blk = Basis + block * stride_bn
             lat_blk = Latent + block * stride_ln
 
-            bk_s = tl.load(Basis_scale + sc_blk + off_k + offs_r, mask=mk, other=0.0).to(tl.float32)[:, None]
-            bk1 = _load_2d(basis_blk + off_k * stride_br, offs_r, offs_h, mk, offs_h < HALF, stride_br, 1) * bk_s
-            bk2 = _load_2d(basis_blk + off_k * stride_br + HALF, offs_r, offs_h, mk, offs_h < HALF, stride_br, 1) * bk_s
+            bk_s = tl.load(Basis_scale + sc_blk + off_k + offs_r, mask=mk, other=0.0).to(tl.float32)
+            bk1 = _load_2d(basis_blk + off_k * stride_br, offs_r, offs_h, mk, offs_h < HALF, stride_br, 1)
+            bk2 = _load_2d(basis_blk + off_k * stride_br + HALF, offs_r, offs_h, mk, offs_h < HALF, stride_br, 1)
             lk_s = tl.load(Latent_scale + sc_blk + off_k + offs_r, mask=mk, other=0.0).to(tl.float32)[None, :]
             lk_z = tl.load(Latent_zero + sc_blk + off_k + offs_r, mask=mk, other=0.0).to(tl.float32)[None, :]
             lk = _load_2d(lat_blk + off_k * stride_lr, rows, offs_r, all_n, mk, stride_lt, stride_lr)
             if ROTATED_KEYS:
-                # -- keys: q . (lat_t B) = (q B^T) . lat_t, with the latents' scale and zero folded into q B^T
-                qb = tl.dot(q1, tl.trans(bk1.to(tl.float16))) + tl.dot(q2, tl.trans(bk2.to(tl.float16)))
-                s_low = tl.dot((qb * lk_s).to(tl.float16), tl.trans(lk.to(tl.float16))) \
+                # -- keys: q . (lat_t B) = (q B^T) . lat_t. Basis and latent codes go to tl.dot as they are (fp16 by
+                #    bit pattern); the basis scale, the latents' scale and zero come off the [G, R] matrix q B^T
+                qb = (tl.dot(q1, tl.trans(_s8_code(bk1))) + tl.dot(q2, tl.trans(_s8_code(bk2)))) * bk_s[None, :]
+                s_low = tl.dot((qb * lk_s).to(tl.float16), tl.trans(fp16_code(lk.to(tl.int16)))) \
                     + tl.sum(qb * lk_z, 1)[:, None]
             else:
+                bk1 = bk1 * bk_s[:, None]
+                bk2 = bk2 * bk_s[:, None]
                 # -- keys: the basis rotated to the tile's first position, latents @ basis', RoPE_j, + residual
                 p0_off = (blk * BLOCK_SIZE + t % TILES * BLOCK_N).to(tl.int64) * stride_cs + offs_h
                 b1, b2 = _rope(bk1, bk2, tl.load(Cos + p0_off)[None, :], tl.load(Sin + p0_off)[None, :])
@@ -361,29 +371,30 @@ def _alrkvd_decode_stage1(
             lv_s = tl.load(Latent_scale + sc_blk + off_v + offs_r, mask=mv, other=0.0).to(tl.float32)[None, :]
             lv_z = tl.load(Latent_zero + sc_blk + off_v + offs_r, mask=mv, other=0.0).to(tl.float32)[None, :]
             lv = _load_2d(lat_blk + off_v * stride_lr, rows, offs_r, all_n, mv, stride_lt, stride_lr)
-            lv = lv.to(tl.float32) * lv_s + lv_z
-            p_lat = tl.dot(p16, lv.to(tl.float16)).to(tl.float16)  # [BLOCK_G, BLOCK_R]
-            bv_s = tl.load(Basis_scale + sc_blk + off_v + offs_r, mask=mv, other=0.0).to(tl.float32)[:, None]
+            bv_s = tl.load(Basis_scale + sc_blk + off_v + offs_r, mask=mv, other=0.0).to(tl.float32)[None, :]
+            # latent and basis codes go to tl.dot as they are; their scales and zero come off p @ codes [G, R]
+            p_lat = tl.dot(p16, fp16_code(lv.to(tl.int16))) * lv_s + tl.sum(p16.to(tl.float32), 1)[:, None] * lv_z
+            p_lat = (p_lat * bv_s).to(tl.float16)  # [BLOCK_G, BLOCK_R]
             bv_blk = basis_blk + off_v * stride_br
             vs_off = block * stride_vsn + kvh64 * stride_vsh + rows * stride_vst
             ps = (p * tl.load(V_rscale + vs_off).to(tl.float32)[None, :]).to(tl.float16)
             p_zero = tl.sum(p * tl.load(V_rzero + vs_off).to(tl.float32)[None, :], 1)[:, None]
             vc = _code_runs(tl.load(V_resid + block * stride_vrn + kvh64 * stride_vrh + rows[:, None] * stride_vrt
                                     + offs_vc[None, :]), V_BITS)
-            bv = _load_2d(bv_blk, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1) * bv_s
+            bv = _s8_code(_load_2d(bv_blk, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1))
             acc0 = acc0 * alpha[:, None] + tl.dot(ps, vc[0]) + p_zero \
-                + tl.dot(p_lat, bv.to(tl.float16))
+                + tl.dot(p_lat, bv)
             if PV >= 2:
-                bv = _load_2d(bv_blk + NV, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1) * bv_s
+                bv = _s8_code(_load_2d(bv_blk + NV, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1))
                 acc1 = acc1 * alpha[:, None] + tl.dot(ps, vc[1]) * (1.0 / (1 << V_BITS)) + p_zero \
-                    + tl.dot(p_lat, bv.to(tl.float16))
+                    + tl.dot(p_lat, bv)
             if PV == 4:
-                bv = _load_2d(bv_blk + 2 * NV, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1) * bv_s
+                bv = _s8_code(_load_2d(bv_blk + 2 * NV, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1))
                 acc2 = acc2 * alpha[:, None] + tl.dot(ps, vc[2]) * (1.0 / 16) + p_zero \
-                    + tl.dot(p_lat, bv.to(tl.float16))
-                bv = _load_2d(bv_blk + 3 * NV, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1) * bv_s
+                    + tl.dot(p_lat, bv)
+                bv = _s8_code(_load_2d(bv_blk + 3 * NV, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1))
                 acc3 = acc3 * alpha[:, None] + tl.dot(ps, vc[3]) * (1.0 / 64) + p_zero \
-                    + tl.dot(p_lat, bv.to(tl.float16))
+                    + tl.dot(p_lat, bv)
 
         # output columns RUN * NV .. RUN * NV + NV - 1 are acc{RUN}
         all_vc = offs_vc < NV
