@@ -122,7 +122,8 @@ def cpu_logit_drift() -> dict:
 # ---- GPU ------------------------------------------------------------------------------------
 def kernel_format(name: str, head_dim: int) -> tuple[str, dict]:
     """A format name of these benchmarks -> (kv_format, kv_options): `alrkvd` with the options its Triton kernels
-    read, `alrkvd-rotated` the same with key_frame=rotated; other formats as they are."""
+    read (`kernel_options`), `alrkvd-<frame>` the same with key_frame=<frame> (post_rope, rotated); other formats as
+    they are."""
     kv_format, _, key_frame = name.partition("-")
     if kv_format != "alrkvd":
         return name, {}
@@ -206,7 +207,7 @@ def expert_bytes(cfg: dict, elt: int = 2) -> int:
 
 def dummy_engine(name: str, kv_format: str, **args) -> LLMEngine:
     """The engine on CUDA over dummy weights of SHAPES[name] (chunks of 8192 tokens, 40960 positions);
-    `alrkvd` with the options its Triton kernels read; `alrkvd-rotated` the same with key_frame=rotated."""
+    `alrkvd` with the options its Triton kernels read; `alrkvd-post_rope` the same with key_frame=post_rope."""
     shape = SHAPES[name]
     folder = tempfile.mkdtemp()
     with open(os.path.join(folder, "config.json"), "w") as f:

@@ -5,7 +5,8 @@ partial block; keys and values are rebuilt tile by tile in registers, never writ
 
 Layout: backend/kv_formats.py `ALRKVDFormat` with the options the kernel reads (`KERNEL_OPTIONS`:
 8-bit latents and basis, fp16 residual scales, uniform residual codes without rotation, one scale
-and zero per token and head (group = head_dim), key residual after RoPE). Per layer and block
+and zero per token and head (group = head_dim), keys compressed after RoPE (key_frame=rotated), or only their
+residual (key_frame=post_rope)). Per layer and block
 (T = block_size tokens, H kv heads, R = rank_budget rows shared by the 2H streams K0..K{H-1},
 V0..V{H-1}, stream s owning rows [sum(ranks[:s]), sum(ranks[:s+1]))):
     ranks [2H] int16, basis [R, D] int8 (+ basis_scale [R] fp16),
@@ -67,9 +68,11 @@ _DEFAULT_STAGE1 = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "MIN_TOKENS_P
                    "NUM_WARPS_MANY_PAIRS": 2}
 MANY_PAIRS = 64
 
-# The ALRKVDFormat options this kernel reads (and group = head_dim); other options take the PyTorch path.
+# The ALRKVDFormat options this kernel reads (and group = head_dim); other options take the PyTorch path. It reads
+# key_frame=post_rope too (low-rank keys before RoPE, rotated per token in the loop): 1.16-1.39x slower on the H200
+# at rank 16, the same perplexity on the served preset within 0.2% (BENCHMARKS.md section 2h).
 KERNEL_OPTIONS = {"latent_bits": 8, "basis_bits": 8, "scale_bits": 16, "codebook": "uniform", "rotate": False,
-                  "key_frame": "post_rope", "exact_tokens": 0, "v_low_tokens": 0}
+                  "key_frame": "rotated", "exact_tokens": 0, "v_low_tokens": 0}
 
 
 def kernel_options(head_dim: int, **extra) -> dict:
@@ -116,12 +119,13 @@ class AlrkvdLayer:
     @classmethod
     def from_format(cls, fmt, layer: int) -> "AlrkvdLayer":
         """Views of `backend.kv_formats.ALRKVDFormat` storage for `layer`; NotImplementedError when its
-        options are not `KERNEL_OPTIONS` with group = head_dim, k_bits and v_bits in {2, 4, 8}, rank_budget > 0."""
+        options are not `KERNEL_OPTIONS` (key_frame rotated or post_rope) with group = head_dim, k_bits and v_bits in
+        {2, 4, 8}, rank_budget > 0."""
         o = fmt.options
         if (any(o[k] != v for k, v in KERNEL_OPTIONS.items() if k != "key_frame")
                 or o["key_frame"] not in ("post_rope", "rotated") or o["group"] != fmt.head_dim
                 or o["rank_budget"] <= 0 or o["k_bits"] not in (2, 4, 8) or o["v_bits"] not in (2, 4, 8)):
-            raise NotImplementedError(f"the ALR-KVD kernel reads {KERNEL_OPTIONS} (or key_frame=rotated), "
+            raise NotImplementedError(f"the ALR-KVD kernel reads {KERNEL_OPTIONS} (or key_frame=post_rope), "
                                       "group=head_dim, k_bits and v_bits in {2, 4, 8}, rank_budget>0")
         return cls(
             ranks=fmt.ranks[layer], basis=fmt.basis[layer], basis_scale=fmt.basis_scale[layer],

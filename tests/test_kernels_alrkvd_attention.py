@@ -112,11 +112,11 @@ def test_gqa_and_ranks(group, rank_per_head):
 
 
 @pytest.mark.parametrize("group", [1, 3, 4])
-def test_rotated_keys(group):
-    # key_frame=rotated: the low-rank key scores come from (q B^T) . latents, no RoPE in the loop
+def test_post_rope_keys(group):
+    # key_frame=post_rope (the kernel's default is rotated): low-rank keys rebuilt and rotated per token in the loop
     q, case = _random_case([5, 2 * 32 + 17, 3 * 32], num_kv_heads=2, gqa=group, head_dim=64, block_size=32,
-                           seed=group * 10 + 3, rank_per_head=8.0, key_frame="rotated")
-    assert case["cache"].rotated_keys
+                           seed=group * 10 + 3, rank_per_head=8.0, key_frame="post_rope")
+    assert not case["cache"].rotated_keys
     _check(q, case, num_splits=2)
 
 

@@ -62,9 +62,9 @@ def _compare(k, v, block_ids, num_blocks, layers=None, tilts=(), **options):
     {"k_bits": 2, "v_bits": 2, "group": 32},
     {"codebook": "uniform", "k_bits": 3, "rank_min": 2, "rank_max": 16},  # mixed ranks
     {"key_frame": "post_rope"},
-    {"key_frame": "post_rope", "codebook": "uniform", "rotate": "false", "k_bits": 4},  # the decode kernel's set
+    {"key_frame": "post_rope", "codebook": "uniform", "rotate": "false", "k_bits": 4},
     {"key_frame": "post_rope", "codebook": "uniform", "rotate": "false", "basis_solver": "subspace", "rank_max": 16},
-    {"key_frame": "rotated", "codebook": "uniform", "rotate": "false", "basis_solver": "subspace", "rank_max": 16},
+    {"key_frame": "rotated", "codebook": "uniform", "rotate": "false", "basis_solver": "subspace", "rank_max": 16},  # GPU
     {"key_frame": "rotated"},
 ])
 def test_random_blocks(options):
