@@ -825,7 +825,7 @@ class ALRKVDFormat(KVFormat):
             raise ValueError(f"alrkvd key_frame={o['key_frame']}: encode needs start_pos (the block's first position)")
         keys = k.float()
         if o["key_frame"] == "rotated":   # the whole key in the frame of the rotated keys
-            keys = self._rope(keys, torch.arange(start_pos, start_pos + T, device=keys.device))
+            keys = self._rope(keys, self._positions(start_pos, T))
         X = torch.cat([keys, v.float()], dim=1).permute(1, 0, 2).contiguous()       # [2H, T, D]
         rec = torch.zeros_like(X)
         if R > 0:

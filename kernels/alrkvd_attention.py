@@ -16,11 +16,12 @@ V0..V{H-1}, stream s owning rows [sum(ranks[:s]), sum(ranks[:s+1]))):
         at r * bits of every byte, holds columns r * D/PER .. of the row, PER = 8 // bits),
     {k,v}_rscale and {k,v}_rzero [T, H, 1] fp16, stored head-major ([H, 1, T]: a head's tokens contiguous).
     value(t)          = (latent_t * scale + zero) @ (basis * basis_scale) + codes_t * rscale_t + rzero_t
-    rotated key(t)    = RoPE_t((latent_t * scale + zero) @ (basis * basis_scale)) + codes_t * rscale_t + rzero_t
-The low-rank part of a key is stored before RoPE (where keys are low-rank) and rotated in the kernel;
-the residual is stored after RoPE, so it is added as it is. With key_frame=rotated the low-rank part is stored
-after RoPE too (rotated key(t) = latent_t @ basis + residual): the scores are (q B^T) . latent_t, no RoPE in the
-loop, 1.08-1.56x faster on the H200, slightly worse keys (BENCHMARKS.md section 2h). The window `[num_slots, block_size, H, D]`
+    rotated key(t)    = (latent_t * scale + zero) @ (basis * basis_scale) + codes_t * rscale_t + rzero_t    (rotated)
+                      = RoPE_t((latent_t * scale + zero) @ (basis * basis_scale)) + codes_t * ...          (post_rope)
+key_frame=rotated (the default) compresses the whole key after RoPE, so the scores are (q B^T) . latent_t and
+nothing is rotated in the loop. key_frame=post_rope stores the low-rank part before RoPE (where keys are more
+low-rank) and rotates it in the kernel, 1.16-1.39x slower on the H200 at rank 16; the residual is after RoPE in
+both, so it is added as it is (BENCHMARKS.md section 2h). The window `[num_slots, block_size, H, D]`
 (model dtype, keys before RoPE) holds the last 1..block_size tokens of each sequence: a block that
 fills in this step is still read from the window, so the cache compresses it after the step's forward,
 with the blocks of every layer in one call (backend/kv_cache.py), instead of before each layer's attention.
