@@ -6,7 +6,8 @@ For each batch B and context L (32 query / 8 kv heads, head_dim 128, one query t
   paged-fp16  kernels.paged_attention over the same keys/values in the paged fp16 cache (block 16)
   alrkvd-*    kernels.alrkvd_attention over a synthetic ALR-KVD cache in the layout it reads (block 128,
               2-bit uniform residual with one fp16 scale and zero per token and head, 8-bit latents and
-              basis): per-head ranks 16, 32, 64 and a mixed allocation
+              basis): per-head ranks 16, 32, 64 and a mixed allocation; alrkvd-<ranks> with the low-rank keys
+              before RoPE (key_frame=post_rope), alrkvd-rot-<ranks> with the whole key after it (rotated)
   kivi2/4     kernels.kivi_attention over a synthetic KIVI cache (block 128, groups of 32, 2 or 4 bits)
 Each row gives the time, the bytes the method must read (K/V, or every byte of the compressed blocks),
 the bandwidth achieved and its fraction of the device-to-device copy bandwidth measured in this run.
