@@ -607,6 +607,8 @@ class ALRKVDFormat(KVFormat):
                 raise ValueError(f"trellis codebook supports up to {max(trellis.DEFAULT_STATE_BITS)} bits and groups of 8 or more")
             for bits in (o["k_bits"], o["v_bits"]):
                 trellis.codebook(bits, o["trellis_state_bits"])          # raises if no table is shipped
+        elif o["trellis_state_bits"] is not None:
+            raise ValueError("trellis_state_bits applies to codebook=trellis only")
         if o["basis_solver"] not in ("eigh", "subspace"):
             raise ValueError("basis_solver must be eigh or subspace")
         if o["key_frame"] not in ("pre_rope", "post_rope", "rotated"):

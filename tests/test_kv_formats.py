@@ -90,6 +90,8 @@ def test_unknown_option_and_bad_values_are_rejected():
             make_format("alrkvd", L, H, D, torch.float32, "cpu", 2, codebook="trellis", **bad)
     with pytest.raises(ValueError, match="no trained trellis table"):
         make_format("alrkvd", L, H, D, torch.float32, "cpu", 2, codebook="trellis", k_bits="4", trellis_state_bits="12")
+    with pytest.raises(ValueError, match="codebook=trellis only"):
+        make_format("alrkvd", L, H, D, torch.float32, "cpu", 2, codebook="gauss", trellis_state_bits="12")
 
 
 # ---------------------------------------------------------------------------------------------------
