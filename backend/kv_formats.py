@@ -678,6 +678,12 @@ class ALRKVDFormat(KVFormat):
     def _positions(self, start: int, n: int) -> torch.Tensor:
         return torch.arange(start, start + n, device=self.device)
 
+    def _unrotated_keys(self, E: torch.Tensor, start_pos: int) -> torch.Tensor:
+        """The key streams of E [n, T, 2H, D] (n consecutive blocks from ``start_pos``) taken back through RoPE."""
+        n, T, H = E.shape[0], E.shape[1], self.num_kv_heads
+        keys = E[:, :, :H].flatten(0, 1)
+        return self._rope(keys, self._positions(start_pos, n * T), inverse=True).unflatten(0, (n, T))
+
     def _raise_r(self):
         raise ValueError("rank_budget must be a multiple of 8 when latent_bits < 8")
 
@@ -859,8 +865,7 @@ class ALRKVDFormat(KVFormat):
             self.exact_k[layer, block_id] = k[idx].to(torch.float16)
             self.exact_v[layer, block_id] = v[idx].to(torch.float16)
         if post:    # key residual in the frame of the rotated keys: RoPE(k) - RoPE(L_hat B)
-            E = torch.cat([self._rope(E[:, :H], torch.arange(start_pos, start_pos + T, device=E.device)),
-                           E[:, H:]], dim=1)
+            E = torch.cat([self._rope(E[:, :H], self._positions(start_pos, T)), E[:, H:]], dim=1)
         if self._rot is not None:
             E = E @ self._rot
         for kv, sl, bits in (("k", slice(0, H), o["k_bits"]), ("v", slice(H, 2 * H), o["v_bits"])):
@@ -931,10 +936,8 @@ class ALRKVDFormat(KVFormat):
         E = torch.cat([ek, self._decode_values(layer, ids)], dim=2)                    # [n, T, 2H, D]
         if self._rot is not None:
             E = E @ self._rot.t()
-        if o["key_frame"] == "post_rope" and n:
-            ek = self._rope(E[:, :, :H].reshape(n * T, H, D), self._positions(start_pos, n * T),
-                            inverse=True).reshape(n, T, H, D)
-            E = torch.cat([ek, E[:, :, H:]], dim=2)
+        if o["key_frame"] == "post_rope" and n:     # the key residual only
+            E = torch.cat([self._unrotated_keys(E, start_pos), E[:, :, H:]], dim=2)
         if R > 0:
             bb = o["basis_bits"]
             if bb == 8:
@@ -953,9 +956,8 @@ class ALRKVDFormat(KVFormat):
             M = ((r >= starts[:, None, :]) & (r < ends[:, None, :])).float()
             # rec[n, T, s, D] = sum_r lat[n,T,r] * M[n,r,s] * B[n,r,D]
             E = E + torch.einsum("ntr,nrs,nrd->ntsd", lat, M, B)
-        if o["key_frame"] == "rotated" and n:
-            E[:, :, :H] = self._rope(E[:, :, :H].reshape(n * T, H, D), self._positions(start_pos, n * T),
-                                     inverse=True).reshape(n, T, H, D)
+        if o["key_frame"] == "rotated" and n:       # the whole key
+            E[:, :, :H] = self._unrotated_keys(E, start_pos)
         if o["exact_tokens"]:
             idx = self.exact_idx[layer, ids].long()                                    # [n, e]
             bidx = torch.arange(n, device=self.device)[:, None].expand_as(idx)
