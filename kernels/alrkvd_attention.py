@@ -48,6 +48,7 @@ Public: `KERNEL_OPTIONS`, `kernel_options`, `AlrkvdLayer` (the per-layer views),
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -55,10 +56,10 @@ import triton
 import triton.language as tl
 
 from kernels.paged_attention import (
-    LOG2E, MIN_TOKENS_PER_SPLIT, _group_block, attend_ref, check_decode_inputs, decode_tickets, default_num_splits,
-    fp16_code, merge_chunk, merge_if_last, softmax_update, store_partial,
+    LOG2E, MAX_SPLITS, MIN_TOKENS_PER_SPLIT, _group_block, attend_ref, check_decode_inputs, decode_tickets,
+    default_num_splits, fp16_code, merge_chunk, merge_if_last, softmax_update, store_partial, wave_num_splits,
 )
-from kernels.tuning import get_config
+from kernels.tuning import get_config, resident_programs
 
 # best over B=8 L=32k and B=1 L=4k on the H200 (bench_attention.py --tune-shapes 8x32768 1x4096, 2026-12-01);
 # MIN_TOKENS_PER_SPLIT: the shortest split, 128 against the paged kernel's 256 (B=1 L=4k: 19 against 24 us);
@@ -68,6 +69,7 @@ from kernels.tuning import get_config
 _DEFAULT_STAGE1 = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "MIN_TOKENS_PER_SPLIT": 128,
                    "NUM_WARPS_MANY_PAIRS": 2}
 MANY_PAIRS = 64
+_RESIDENT: dict[tuple, int] = {}  # stage 1's launch (device, shapes, format, config) -> programs the GPU runs at once
 
 # The ALRKVDFormat options this kernel reads (and group = head_dim); other options take the PyTorch path. It reads
 # key_frame=post_rope too (low-rank keys before RoPE, rotated per token in the loop): 1.16-1.39x slower on the H200
@@ -259,7 +261,9 @@ def _alrkvd_decode_stage1(
         slot = tl.load(Window_slots + pid_b).to(tl.int64)
         w_off = slot * stride_wn + pid_kvh.to(tl.int64) * stride_wh
         start = n_closed * BLOCK_SIZE
-        for start_n in range(start, seq_len, BLOCK_N):
+        # not pipelined: the window is one or two tiles, and the buffers of a pipeline over its fp32 tiles took
+        # 55 KB of shared memory, which held stage 1 to 3 programs per SM instead of 4 (BENCHMARKS.md section 2i)
+        for start_n in tl.range(start, seq_len, BLOCK_N, num_stages=1):
             mask_n = start_n + offs_n < seq_len
             rows = (start_n - start + offs_n).to(tl.int64) * stride_wt + w_off
             k_ptrs = Window_k + rows[:, None]
@@ -436,7 +440,8 @@ def _stage1_config(q, cache: AlrkvdLayer) -> dict:
 
 
 def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_lens, window_slots,
-                   cos, sin, scale, mid_o, mid_lse, out, tickets, cfg: dict, min_tokens: int):
+                   cos, sin, scale, mid_o, mid_lse, out, tickets, cfg: dict, min_tokens: int, warmup: bool = False):
+    """Launches stage 1 (or, with `warmup`, only compiles it); returns the compiled kernel."""
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads, block_size = cache.num_kv_heads, cache.block_size
     num_partials = mid_o.shape[2]
@@ -446,7 +451,8 @@ def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_
     block_n = min(cfg.pop("BLOCK_N"), block_size)
     assert block_size % block_n == 0
     grid = (batch, num_kv_heads, num_partials)
-    _alrkvd_decode_stage1[grid](
+    launch = functools.partial(_alrkvd_decode_stage1.warmup, grid=grid) if warmup else _alrkvd_decode_stage1[grid]
+    return launch(
         q, block_tables, seq_lens, window_slots, window_k, window_v, cos, sin,
         cache.ranks, cache.basis, cache.basis_scale, cache.latent, cache.latent_scale, cache.latent_zero,
         cache.k_resid, cache.k_rscale, cache.k_rzero, cache.v_resid, cache.v_rscale, cache.v_rzero,
@@ -524,15 +530,30 @@ def alrkvd_decode_attention(
     assert cos.stride() == sin.stride() and cos.stride(1) == 1 and cos.shape[0] >= block_size
     cfg = _stage1_config(q, cache)
     min_tokens = cfg.pop("MIN_TOKENS_PER_SPLIT", MIN_TOKENS_PER_SPLIT)
-    if num_splits is None:
+    tickets = decode_tickets(tickets, batch * num_kv_heads, q.device)
+    inputs = (q, cache, window_k, window_v, block_tables, seq_lens, window_slots, cos, sin, scale)
+
+    def partials(n):
+        return (torch.empty(batch, num_q_heads, n, head_dim, dtype=torch.float32, device=q.device),
+                torch.empty(batch, num_q_heads, n, dtype=torch.float32, device=q.device),
+                torch.empty(batch, num_q_heads, head_dim, dtype=q.dtype, device=q.device))
+
+    if num_splits is None and q.is_cuda:
+        # as many splits as fill whole waves of the programs the GPU runs at once (from the compiled kernel's
+        # registers and shared memory, counted once per launch configuration)
+        key = (q.device, q.dtype, q.shape[1:], cache.block_size, num_kv_heads, cache.k_bits, cache.v_bits,
+               cache.rank_max, cache.rotated_keys, tuple(sorted(cfg.items())))
+        if key not in _RESIDENT:
+            kernel = _alrkvd_stage1(*inputs, *partials(1), tickets, dict(cfg), min_tokens, warmup=True)
+            _RESIDENT[key] = resident_programs(kernel, q.device)
+        tiles = max(1, block_tables.shape[1] - 1) * (block_size // min(cfg["BLOCK_N"], block_size))
+        most = min(MAX_SPLITS, max(1, block_tables.shape[1] - 1) * block_size // min_tokens)
+        num_splits = wave_num_splits(batch * num_kv_heads, tiles, _RESIDENT[key], most)
+    elif num_splits is None:
         num_splits = default_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, q.device,
                                         min_tokens)
-    num_partials = num_splits + 1
-    mid_o = torch.empty(batch, num_q_heads, num_partials, head_dim, dtype=torch.float32, device=q.device)
-    mid_lse = torch.empty(batch, num_q_heads, num_partials, dtype=torch.float32, device=q.device)
-    out = torch.empty(batch, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
-    _alrkvd_stage1(q, cache, window_k, window_v, block_tables, seq_lens, window_slots, cos, sin, scale,
-                   mid_o, mid_lse, out, decode_tickets(tickets, batch * num_kv_heads, q.device), cfg, min_tokens)
+    mid_o, mid_lse, out = partials(num_splits + 1)
+    _alrkvd_stage1(*inputs, mid_o, mid_lse, out, tickets, cfg, min_tokens)
     return out
 
 

@@ -238,6 +238,17 @@ def default_num_splits(batch: int, num_kv_heads: int, max_len: int, device: torc
     return max(1, min(want, most))
 
 
+def wave_num_splits(pairs: int, tiles: int, resident: int, most: int) -> int:
+    """Splits per (sequence, kv head) for `pairs` of them over `tiles` tiles each, when the GPU runs `resident`
+    programs at once: the fewest of 1..most that minimize waves x (tiles per split + 2), the 2 for a program's
+    start and end (its first loads, not overlapped; the partial it stores). Programs past a whole wave run in
+    another, so a split count that one wave does not hold costs a second pass. On the H200 (ALR-KVD, B=8
+    L=32k) 9 splits took 502 us, 6 or 12 splits 407-412 us, and the model ranks the ten split counts
+    measured there in nearly their measured order (BENCHMARKS.md section 2i)."""
+    return min(range(1, max(1, most) + 1),
+               key=lambda s: (triton.cdiv(pairs * s, resident) * (triton.cdiv(tiles, s) + 2), s))
+
+
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 

@@ -37,6 +37,19 @@ def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def resident_programs(kernel, device: torch.device) -> int:
+    """Programs of a compiled Triton kernel that the GPU runs at once: per SM the fewest that its registers
+    (allocated per warp in steps of 8 a thread), shared memory (1 KB reserved per program) and threads allow, as
+    Triton's fused-softmax tutorial counts them, times the SMs."""
+    props = torch.cuda.get_device_properties(device)
+    kernel._init_handles()  # loads the binary: n_regs
+    warps = kernel.metadata.num_warps
+    per_sm = min(props.regs_per_multiprocessor // (-(-kernel.n_regs // 8) * 8 * 32 * warps),
+                 props.shared_memory_per_multiprocessor // (kernel.metadata.shared + 1024),
+                 props.max_threads_per_multi_processor // (32 * warps))
+    return max(1, per_sm) * props.multi_processor_count
+
+
 @functools.lru_cache(maxsize=None)
 def _load_configs(kernel: str, dev_name: str) -> dict:
     dirs = [Path(p) for p in [os.environ.get("ALRKVD_KERNEL_CONFIG_DIR")] if p] + [CONFIG_DIR]

@@ -104,3 +104,14 @@ def test_empty_sequence():
     _check(args, torch.float16, num_splits=2)
     out = paged_decode_attention(*args, 0.125, num_splits=2)
     assert torch.all(out[0] == 0)
+
+
+def test_wave_num_splits_fills_whole_waves():
+    # the H200 measurements behind it (BENCHMARKS.md 2i): 3 programs per SM x 132 SMs, B=8 x 8 kv heads, 510 tiles
+    from kernels.paged_attention import wave_num_splits
+    assert wave_num_splits(64, 510, 396, 64) == 6        # 384 programs: one wave (9 splits took two)
+    assert wave_num_splits(256, 510, 396, 64) == 3       # B=32: 768 programs, two full waves
+    assert wave_num_splits(8, 62, 264, 31) == 31         # B=1 L=4k: every split in one wave, capped by most
+    assert wave_num_splits(64, 512, 528, 64) == 8        # 4 programs per SM: 512 programs in one wave
+    assert wave_num_splits(1024, 10, 100, 5) == 1        # more pairs than a wave: no splitting
+    assert wave_num_splits(8, 100, 264, 0) == 1          # at least one split
