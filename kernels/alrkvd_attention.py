@@ -65,9 +65,11 @@ from kernels.tuning import get_config, resident_programs
 # MIN_TOKENS_PER_SPLIT: the shortest split, 128 against the paged kernel's 256 (B=1 L=4k: 19 against 24 us);
 # NUM_WARPS_MANY_PAIRS: the warps when batch x kv heads >= MANY_PAIRS, where long splits fill the GPU and more
 # programs per SM hide each tile's latency (B=8 L=32k: 694 against 786 us; B=1 L=4k: 22.6 against 19.7 us with
-# 2 warps; BENCHMARKS.md section 2d)
+# 2 warps; BENCHMARKS.md section 2d); MAXNREG_FEW_PAIRS: the 4-warp launch's registers capped at 160, so that
+# 3 programs fit on an SM instead of 2 (B=1 L=32k: 61 against 75 us; B=4 L=32k: 210 against 271 us; B=1 L=4k:
+# 16.6 against 16.3 us). At 2 warps 4 programs fit already, and caps measured the same or slower (section 2i).
 _DEFAULT_STAGE1 = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "MIN_TOKENS_PER_SPLIT": 128,
-                   "NUM_WARPS_MANY_PAIRS": 2}
+                   "NUM_WARPS_MANY_PAIRS": 2, "MAXNREG_FEW_PAIRS": 160}
 MANY_PAIRS = 64
 _RESIDENT: dict[tuple, int] = {}  # stage 1's launch (device, shapes, format, config) -> programs the GPU runs at once
 
@@ -434,8 +436,11 @@ def _stage1_config(q, cache: AlrkvdLayer) -> dict:
                      f"head_dim={head_dim},group={group},block_size={cache.block_size},k_bits={cache.k_bits}",
                      q.device, _DEFAULT_STAGE1)
     many_pairs_warps = cfg.pop("NUM_WARPS_MANY_PAIRS", None)
+    few_pairs_maxnreg = cfg.pop("MAXNREG_FEW_PAIRS", None)
     if many_pairs_warps and batch * cache.num_kv_heads >= MANY_PAIRS:
         cfg["num_warps"] = many_pairs_warps
+    elif few_pairs_maxnreg:
+        cfg["maxnreg"] = few_pairs_maxnreg
     return cfg
 
 
