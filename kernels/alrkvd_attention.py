@@ -56,10 +56,10 @@ import triton
 import triton.language as tl
 
 from kernels.paged_attention import (
-    LOG2E, MAX_SPLITS, MIN_TOKENS_PER_SPLIT, _group_block, attend_ref, check_decode_inputs, decode_tickets,
-    default_num_splits, fp16_code, merge_chunk, merge_if_last, softmax_update, store_partial, wave_num_splits,
+    LOG2E, MIN_TOKENS_PER_SPLIT, _group_block, attend_ref, check_decode_inputs, decode_tickets, fp16_code,
+    merge_chunk, merge_if_last, softmax_update, store_partial, windowed_num_splits,
 )
-from kernels.tuning import get_config, resident_programs
+from kernels.tuning import get_config
 
 # best over B=8 L=32k and B=1 L=4k on the H200 (bench_attention.py --tune-shapes 8x32768 1x4096, 2026-12-01);
 # MIN_TOKENS_PER_SPLIT: the shortest split, 128 against the paged kernel's 256 (B=1 L=4k: 19 against 24 us);
@@ -71,7 +71,6 @@ from kernels.tuning import get_config, resident_programs
 _DEFAULT_STAGE1 = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "MIN_TOKENS_PER_SPLIT": 128,
                    "NUM_WARPS_MANY_PAIRS": 2, "MAXNREG_FEW_PAIRS": 160}
 MANY_PAIRS = 64
-_RESIDENT: dict[tuple, int] = {}  # stage 1's launch (device, shapes, format, config) -> programs the GPU runs at once
 
 # The ALRKVDFormat options this kernel reads (and group = head_dim); other options take the PyTorch path. It reads
 # key_frame=post_rope too (low-rank keys before RoPE, rotated per token in the loop): 1.16-1.39x slower on the H200
@@ -543,20 +542,13 @@ def alrkvd_decode_attention(
                 torch.empty(batch, num_q_heads, n, dtype=torch.float32, device=q.device),
                 torch.empty(batch, num_q_heads, head_dim, dtype=q.dtype, device=q.device))
 
-    if num_splits is None and q.is_cuda:
-        # as many splits as fill whole waves of the programs the GPU runs at once (from the compiled kernel's
-        # registers and shared memory, counted once per launch configuration)
-        key = (q.device, q.dtype, q.shape[1:], cache.block_size, num_kv_heads, cache.k_bits, cache.v_bits,
+    if num_splits is None:  # whole waves of the programs the GPU runs at once
+        key = ("alrkvd", q.device, q.dtype, q.shape[1:], cache.block_size, num_kv_heads, cache.k_bits, cache.v_bits,
                cache.rank_max, cache.rotated_keys, tuple(sorted(cfg.items())))
-        if key not in _RESIDENT:
-            kernel = _alrkvd_stage1(*inputs, *partials(1), tickets, dict(cfg), min_tokens, warmup=True)
-            _RESIDENT[key] = resident_programs(kernel, q.device)
-        tiles = max(1, block_tables.shape[1] - 1) * (block_size // min(cfg["BLOCK_N"], block_size))
-        most = min(MAX_SPLITS, max(1, block_tables.shape[1] - 1) * block_size // min_tokens)
-        num_splits = wave_num_splits(batch * num_kv_heads, tiles, _RESIDENT[key], most)
-    elif num_splits is None:
-        num_splits = default_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, q.device,
-                                        min_tokens)
+        num_splits = windowed_num_splits(
+            lambda: _alrkvd_stage1(*inputs, *partials(3), tickets, dict(cfg), min_tokens, warmup=True), key,
+            batch, num_kv_heads, block_tables.shape[1], block_size, min(cfg["BLOCK_N"], block_size), min_tokens,
+            q.device)
     mid_o, mid_lse, out = partials(num_splits + 1)
     _alrkvd_stage1(*inputs, mid_o, mid_lse, out, tickets, cfg, min_tokens)
     return out

@@ -27,12 +27,14 @@ def _usage(compiled) -> str:
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
     os.unlink(f.name)
-    return " ".join(line.strip() for line in out.splitlines() if "REG" in line)
+    # cuobjdump's SHARED is the static part; Triton's pipeline buffers and layout scratch are dynamic (metadata)
+    static = " ".join(line.strip() for line in out.splitlines() if "REG" in line)
+    return f"{static} DYNAMIC_SHARED:{compiled.metadata.shared}"
 
 
 def compile_one(fn, pointers: dict, floats: set, constexprs: dict, options: dict, target) -> str:
     """Compile `fn` for `target` with pointer element types `pointers`, fp32 scalars `floats`, i32 for
-    the other runtime arguments; returns cuobjdump's resource line."""
+    the other runtime arguments; returns cuobjdump's resource line and the dynamic shared memory."""
     sig = {}
     for p in fn.params:
         sig[p.name] = ("constexpr" if p.name in constexprs else "*" + pointers[p.name] if p.name in pointers

@@ -29,6 +29,7 @@ Nothing runs at import.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -36,8 +37,8 @@ import triton
 import triton.language as tl
 
 from kernels.paged_attention import (
-    LOG2E, MIN_TOKENS_PER_SPLIT, _group_block, attend_ref, check_decode_inputs, decode_reduce, default_num_splits,
-    fp16_code, softmax_update, store_partial,
+    LOG2E, MIN_TOKENS_PER_SPLIT, _group_block, attend_ref, check_decode_inputs, decode_reduce, fp16_code,
+    softmax_update, store_partial, windowed_num_splits,
 )
 from kernels.tuning import get_config
 
@@ -205,6 +206,29 @@ def _kivi_decode_stage1(
             store_partial(o_row, lse_row, acc3, m_i, l_i, heads, 96 + offs_n, mask_g, all_c, stride_moh, stride_mlh)
 
 
+def _kivi_stage1(q, cache: KiviLayer, window_k, window_v, block_tables, seq_lens, window_slots, scale, mid_o, mid_lse,
+                 cfg: dict, warmup: bool = False):
+    """Launches stage 1 over `mid_o.shape[2] - 1` splits (or, with `warmup`, only compiles it); returns the
+    compiled kernel."""
+    batch, num_q_heads, head_dim = q.shape
+    grid = (batch, cache.num_kv_heads, mid_o.shape[2])
+    launch = functools.partial(_kivi_decode_stage1.warmup, grid=grid) if warmup else _kivi_decode_stage1[grid]
+    return launch(
+        q, block_tables, seq_lens, window_slots, window_k, window_v,
+        cache.k_codes, cache.k_scale, cache.k_zero, cache.v_codes, cache.v_scale, cache.v_zero,
+        mid_o, mid_lse, scale * LOG2E, mid_o.shape[2] - 1,
+        q.stride(0), q.stride(1), block_tables.stride(0),
+        window_k.stride(0), window_k.stride(1), window_k.stride(2),
+        cache.k_codes.stride(0), cache.k_codes.stride(1), cache.k_codes.stride(2),
+        cache.k_scale.stride(0), cache.k_scale.stride(1), cache.k_scale.stride(2),
+        cache.v_codes.stride(0), cache.v_codes.stride(1), cache.v_codes.stride(2),
+        cache.v_scale.stride(0), cache.v_scale.stride(1), cache.v_scale.stride(2),
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        GROUP_Q=num_q_heads // cache.num_kv_heads, BLOCK_G=_group_block(num_q_heads // cache.num_kv_heads),
+        HEAD_DIM=head_dim, BLOCK_SIZE=cache.block_size, BITS=cache.bits, **cfg,
+    )
+
+
 def kivi_decode_attention(
     q: torch.Tensor,
     cache: KiviLayer,
@@ -236,23 +260,18 @@ def kivi_decode_attention(
     cfg = get_config("kivi_decode_stage1", f"head_dim={head_dim},group={group},block_size={T},bits={cache.bits}",
                      q.device, _DEFAULT_STAGE1)
     min_tokens = cfg.pop("MIN_TOKENS_PER_SPLIT", MIN_TOKENS_PER_SPLIT)
-    if num_splits is None:
-        num_splits = default_num_splits(batch, H, block_tables.shape[1] * T, q.device, min_tokens)
-    mid_o = torch.empty(batch, num_q_heads, num_splits + 1, head_dim, dtype=torch.float32, device=q.device)
-    mid_lse = torch.empty(batch, num_q_heads, num_splits + 1, dtype=torch.float32, device=q.device)
-    _kivi_decode_stage1[(batch, H, num_splits + 1)](
-        q, block_tables, seq_lens, window_slots, window_k, window_v,
-        cache.k_codes, cache.k_scale, cache.k_zero, cache.v_codes, cache.v_scale, cache.v_zero,
-        mid_o, mid_lse, scale * LOG2E, num_splits,
-        q.stride(0), q.stride(1), block_tables.stride(0),
-        window_k.stride(0), window_k.stride(1), window_k.stride(2),
-        cache.k_codes.stride(0), cache.k_codes.stride(1), cache.k_codes.stride(2),
-        cache.k_scale.stride(0), cache.k_scale.stride(1), cache.k_scale.stride(2),
-        cache.v_codes.stride(0), cache.v_codes.stride(1), cache.v_codes.stride(2),
-        cache.v_scale.stride(0), cache.v_scale.stride(1), cache.v_scale.stride(2),
-        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        GROUP_Q=group, BLOCK_G=_group_block(group), HEAD_DIM=head_dim, BLOCK_SIZE=T, BITS=cache.bits, **cfg,
-    )
+    inputs = (q, cache, window_k, window_v, block_tables, seq_lens, window_slots, scale)
+
+    def partials(n):
+        return (torch.empty(batch, num_q_heads, n, head_dim, dtype=torch.float32, device=q.device),
+                torch.empty(batch, num_q_heads, n, dtype=torch.float32, device=q.device))
+
+    if num_splits is None:  # whole waves of the programs the GPU runs at once
+        key = ("kivi", q.device, q.dtype, q.shape[1:], T, H, cache.bits, tuple(sorted(cfg.items())))
+        num_splits = windowed_num_splits(lambda: _kivi_stage1(*inputs, *partials(3), cfg, warmup=True), key, batch, H,
+                                         block_tables.shape[1], T, GROUP, min_tokens, q.device)
+    mid_o, mid_lse = partials(num_splits + 1)
+    _kivi_stage1(*inputs, mid_o, mid_lse, cfg)
     out = torch.empty(batch, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
     return decode_reduce(mid_o, mid_lse, out)
 

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.tuning import get_config, num_sms
+from kernels.tuning import get_config, num_sms, resident_programs
 
 LOG2E = 1.4426950408889634
 
@@ -247,6 +247,25 @@ def wave_num_splits(pairs: int, tiles: int, resident: int, most: int) -> int:
     measured there in nearly their measured order (BENCHMARKS.md section 2i)."""
     return min(range(1, max(1, most) + 1),
                key=lambda s: (triton.cdiv(pairs * s, resident) * (triton.cdiv(tiles, s) + 2), s))
+
+
+_RESIDENT: dict[tuple, int] = {}  # a windowed decode kernel's launch (its key) -> programs the GPU runs at once
+
+
+def windowed_num_splits(compile_stage1, key: tuple, batch: int, num_kv_heads: int, width: int, block_size: int,
+                        block_n: int, min_tokens: int, device: torch.device) -> int:
+    """Splits per (sequence, kv head) of a windowed decode kernel (ALR-KVD, KIVI) over block tables `width`
+    wide, the last block in the window: on CUDA, whole waves of the programs the GPU runs at once
+    (`wave_num_splits`; `compile_stage1()` returns stage 1 compiled for 2 splits, specialized as most launches
+    are, called once per `key`); under the
+    interpreter, `default_num_splits`. Shapes only: no host sync."""
+    if device.type != "cuda":
+        return default_num_splits(batch, num_kv_heads, width * block_size, device, min_tokens)
+    if key not in _RESIDENT:
+        _RESIDENT[key] = resident_programs(compile_stage1(), device)
+    closed = max(1, width - 1)
+    most = min(MAX_SPLITS, closed * block_size // min_tokens)
+    return wave_num_splits(batch * num_kv_heads, closed * (block_size // block_n), _RESIDENT[key], most)
 
 
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}

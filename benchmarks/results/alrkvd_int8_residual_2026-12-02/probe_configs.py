@@ -12,6 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from benchmarks import bench_attention as ba  # noqa: E402
 import kernels.alrkvd_attention as am  # noqa: E402
+import kernels.paged_attention as pa  # noqa: E402  (_RESIDENT: kernels/alrkvd_attention.py held it when this ran)
 
 
 def main():
@@ -42,8 +43,8 @@ def main():
                                          **first)[1] if B * L <= 32768 else {}
             us = ba.time_calls([lambda kw=kw: am.alrkvd_decode_attention(q, scale=scale, **kw) for kw in layers],
                                dev) * 1e6
-            resident = sorted(set(am._RESIDENT.values()))
-            am._RESIDENT.clear()
+            resident = sorted(set(pa._RESIDENT.values()))
+            pa._RESIDENT.clear()
             r = dict(B=B, L=L, warps=warps, config=cname, us=us, sdpa_us=sdpa, vs_sdpa=sdpa / us, resident=resident, **err)
             rows.append(r)
             print(f"{B:>3} {L:>7} w{warps} {cname:<8} resident {resident} {us:9.1f} us  vs sdpa {sdpa / us:.2f} "
