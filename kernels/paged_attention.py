@@ -255,10 +255,9 @@ _RESIDENT: dict[tuple, int] = {}  # a windowed decode kernel's launch (its key) 
 def windowed_num_splits(compile_stage1, key: tuple, batch: int, num_kv_heads: int, width: int, block_size: int,
                         block_n: int, min_tokens: int, device: torch.device) -> int:
     """Splits per (sequence, kv head) of a windowed decode kernel (ALR-KVD, KIVI) over block tables `width`
-    wide, the last block in the window: on CUDA, whole waves of the programs the GPU runs at once
-    (`wave_num_splits`; `compile_stage1()` returns stage 1 compiled for 2 splits, specialized as most launches
-    are, called once per `key`); under the
-    interpreter, `default_num_splits`. Shapes only: no host sync."""
+    wide, the last block in the window. On CUDA: whole waves of the programs the GPU runs at once
+    (`wave_num_splits`); `compile_stage1()` returns stage 1 compiled for 2 splits, specialized as most launches
+    are, and is called once per `key`. Under the interpreter: `default_num_splits`. Shapes only: no host sync."""
     if device.type != "cuda":
         return default_num_splits(batch, num_kv_heads, width * block_size, device, min_tokens)
     if key not in _RESIDENT:
