@@ -262,8 +262,8 @@ def _alrkvd_decode_stage1(
         slot = tl.load(Window_slots + pid_b).to(tl.int64)
         w_off = slot * stride_wn + pid_kvh.to(tl.int64) * stride_wh
         start = n_closed * BLOCK_SIZE
-        # not pipelined: the window is one or two tiles, and the buffers of a pipeline over its fp32 tiles took
-        # 55 KB of shared memory, which held stage 1 to 3 programs per SM instead of 4 (BENCHMARKS.md section 2i)
+        # not pipelined: the window is one or two tiles, and a pipeline's buffers for its fp32 tiles took stage 1
+        # from 26.6 to 75.8 KB of shared memory: 3 programs per SM instead of 4 (BENCHMARKS.md section 2i)
         for start_n in tl.range(start, seq_len, BLOCK_N, num_stages=1):
             mask_n = start_n + offs_n < seq_len
             rows = (start_n - start + offs_n).to(tl.int64) * stride_wt + w_off

@@ -211,6 +211,7 @@ def _kivi_stage1(q, cache: KiviLayer, window_k, window_v, block_tables, seq_lens
     """Launches stage 1 over `mid_o.shape[2] - 1` splits (or, with `warmup`, only compiles it); returns the
     compiled kernel."""
     batch, num_q_heads, head_dim = q.shape
+    group = num_q_heads // cache.num_kv_heads
     grid = (batch, cache.num_kv_heads, mid_o.shape[2])
     launch = functools.partial(_kivi_decode_stage1.warmup, grid=grid) if warmup else _kivi_decode_stage1[grid]
     return launch(
@@ -224,8 +225,8 @@ def _kivi_stage1(q, cache: KiviLayer, window_k, window_v, block_tables, seq_lens
         cache.v_codes.stride(0), cache.v_codes.stride(1), cache.v_codes.stride(2),
         cache.v_scale.stride(0), cache.v_scale.stride(1), cache.v_scale.stride(2),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        GROUP_Q=num_q_heads // cache.num_kv_heads, BLOCK_G=_group_block(num_q_heads // cache.num_kv_heads),
-        HEAD_DIM=head_dim, BLOCK_SIZE=cache.block_size, BITS=cache.bits, **cfg,
+        GROUP_Q=group, BLOCK_G=_group_block(group), HEAD_DIM=head_dim, BLOCK_SIZE=cache.block_size, BITS=cache.bits,
+        **cfg,
     )
 
 

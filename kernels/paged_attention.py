@@ -21,6 +21,7 @@ tiles, offsets are int64, exp2 with the scale folded into q.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -238,6 +239,7 @@ def default_num_splits(batch: int, num_kv_heads: int, max_len: int, device: torc
     return max(1, min(want, most))
 
 
+@functools.lru_cache(maxsize=None)  # called per layer and step in eager decode; the search costs ~0.4 ms
 def wave_num_splits(pairs: int, tiles: int, resident: int, most: int) -> int:
     """Splits per (sequence, kv head) for `pairs` of them over `tiles` tiles each, when the GPU runs `resident`
     programs at once: the fewest of 1..most that minimize waves x (tiles per split + 2), the 2 for a program's

@@ -12,7 +12,7 @@ DEVICE = use_interpreter_without_gpu()
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from kernels.paged_attention import paged_decode_attention, paged_decode_attention_ref  # noqa: E402
+from kernels.paged_attention import paged_decode_attention, paged_decode_attention_ref, wave_num_splits  # noqa: E402
 
 TOL = {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.5e-2, 1.6e-2), torch.float32: (1e-4, 1e-4)}
 
@@ -108,7 +108,6 @@ def test_empty_sequence():
 
 def test_wave_num_splits_fills_whole_waves():
     # the H200 measurements behind it (BENCHMARKS.md 2i): 3 programs per SM x 132 SMs, B=8 x 8 kv heads, 510 tiles
-    from kernels.paged_attention import wave_num_splits
     assert wave_num_splits(64, 510, 396, 64) == 6        # 384 programs: one wave (9 splits took two)
     assert wave_num_splits(256, 510, 396, 64) == 3       # B=32: 768 programs, two full waves
     assert wave_num_splits(8, 62, 264, 31) == 31         # B=1 L=4k: every split in one wave, capped by most

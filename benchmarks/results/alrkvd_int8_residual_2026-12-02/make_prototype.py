@@ -1,4 +1,5 @@
-"""Writes alrkvd_attention_int8.py: kernels/alrkvd_attention.py with the residual dots on int8 tensor cores
+"""Writes the int8-residual prototype (and loads this folder's kernel files as modules, `load_module`): alrkvd_attention_before.py (the repository's kernel when it ran) with the
+residual dots on int8 tensor cores
 (K_BITS = V_BITS = 2, rotated keys only). A prototype for timing on the H200, not the repository's kernel.
 
 - keys: the query is quantized per head to int8 (scale max|q| / 127) once per program; each run of residual codes
@@ -6,10 +7,12 @@
   one accumulator (the codes are shifted down, so no power of two to take off).
 - values: the residual codes are read tokens-contiguous ([H, NB, T] per block, stride_vrc), as the int8 B operand
   wants (four tokens of a column in one register); p * rscale is quantized per row to int8 and dotted in int32.
-Usage: python make_prototype.py  (from this folder; reads ../../../kernels/alrkvd_attention.py)."""
+Usage: python make_prototype.py OUT.py (probe_int8.py writes it to a temporary folder itself)."""
+import importlib.util
+import sys
 from pathlib import Path
 
-src = (Path(__file__).resolve().parents[3] / "kernels" / "alrkvd_attention.py").read_text()
+src = (Path(__file__).resolve().parent / "alrkvd_attention_before.py").read_text()
 
 
 def sub(old, new, count=1):
@@ -83,4 +86,20 @@ sub("""        cache.v_resid.stride(0), cache.v_resid.stride(1), cache.v_resid.s
 """, """        cache.v_resid.stride(0), cache.v_resid.stride(1), cache.v_resid.stride(2), cache.v_resid.stride(3),
 """)
 sub("""    for t in (cache.basis, cache.k_resid, cache.v_resid, cache.ranks,""", """    for t in (cache.basis, cache.k_resid, cache.ranks,""")
-(Path(__file__).parent / "alrkvd_attention_int8.py").write_text(src)
+
+
+def write_prototype(path) -> None:
+    Path(path).write_text(src)
+
+
+def load_module(name: str, path):
+    """A kernel file (this folder's alrkvd_attention_before.py, or the written prototype) as module `name`."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+if __name__ == "__main__":
+    write_prototype(sys.argv[1])

@@ -1,12 +1,12 @@
-"""H200 probe: the int8-residual prototype (alrkvd_attention_int8.py, written by make_prototype.py) against the
-repository's kernel and FP16 SDPA in one process; then the repository's kernel at several split counts.
+"""H200 probe: the int8-residual prototype (written by make_prototype.py) against the repository's kernel as it was
+then (alrkvd_attention_before.py, "repo") and FP16 SDPA in one process; then both at several split counts.
 
     python benchmarks/results/alrkvd_int8_residual_2026-12-02/probe_int8.py OUT.json      (repo root, H200)
 
 Same data and timing as benchmarks/bench_attention.py (random codes, CUDA-graph replays over copies larger than
 L2, 32 query / 8 kv heads, head_dim 128, block 128, 2-bit residual, rotated keys). The prototype reads the value
 residual tokens-contiguous: the same bytes, copied to [blocks, H, NB, T] and viewed back as [blocks, T, H, NB]."""
-import dataclasses, importlib.util, json, sys
+import dataclasses, json, sys, tempfile
 from pathlib import Path
 
 import torch
@@ -14,14 +14,16 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 from benchmarks import bench_attention as ba  # noqa: E402
-from kernels.alrkvd_attention import alrkvd_decode_attention, alrkvd_decode_attention_ref  # noqa: E402
 from kernels.testing import check_decode_kernel  # noqa: E402
 from benchmarks.devices import copy_bandwidth  # noqa: E402
+sys.path.insert(0, str(HERE))
+from make_prototype import load_module, write_prototype  # noqa: E402
 
-spec = importlib.util.spec_from_file_location("alrkvd_int8", HERE / "alrkvd_attention_int8.py")
-proto = importlib.util.module_from_spec(spec)
-sys.modules["alrkvd_int8"] = proto  # dataclasses look their module up
-spec.loader.exec_module(proto)
+before = load_module("alrkvd_before", HERE / "alrkvd_attention_before.py")
+alrkvd_decode_attention, alrkvd_decode_attention_ref = before.alrkvd_decode_attention, before.alrkvd_decode_attention_ref
+proto_path = Path(tempfile.mkdtemp()) / "alrkvd_int8.py"
+write_prototype(proto_path)
+proto = load_module("alrkvd_int8", proto_path)
 
 
 def tokens_contiguous(kw):

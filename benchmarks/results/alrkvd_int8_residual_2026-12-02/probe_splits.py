@@ -1,5 +1,6 @@
-"""H200 probe: the repository's rotated ALR-KVD kernel (rank 16) at several split counts per shape, and the
-registers each launch configuration compiles to. Finds how many programs per SM the kernel wants.
+"""H200 probe: the rotated ALR-KVD kernel as it was before this folder's changes (alrkvd_attention_before.py; rank 16)
+at several split counts per shape, and the registers each launch configuration compiles to. Finds how many
+programs per SM the kernel wants.
 
     python benchmarks/results/alrkvd_int8_residual_2026-12-02/probe_splits.py OUT.json      (repo root, H200)
 
@@ -11,7 +12,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from benchmarks import bench_attention as ba  # noqa: E402
-import kernels.alrkvd_attention as am  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_prototype import load_module  # noqa: E402
+
+am = load_module("alrkvd_before", Path(__file__).resolve().parent / "alrkvd_attention_before.py")
 from kernels.paged_attention import MAX_SPLITS, default_num_splits  # noqa: E402
 
 

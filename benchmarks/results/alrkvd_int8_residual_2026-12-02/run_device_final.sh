@@ -1,3 +1,4 @@
+# Ran on the tree of commit bf6ceda: check that commit out to measure the same code.
 # Device call 3 (from the repository root): the kernel tests compiled; the table before (alrkvd_attention_before.py:
 # the kernel at the session's start) and after (this tree: window loop not pipelined, splits from whole waves),
 # alternated; the end-to-end step at B=8, 32k.

@@ -1,3 +1,4 @@
+# Ran on the tree of commit 1eb56c0: check that commit out to measure the same code.
 # Device call 5 (from the repository root): the kernel tests compiled; issue 4's table with this session's final
 # kernel (window not pipelined, splits in whole waves, 4-warp registers capped at 160); the engine step at 32k.
 export PYTHONPATH=. ; D=benchmarks/results/alrkvd_int8_residual_2026-12-02

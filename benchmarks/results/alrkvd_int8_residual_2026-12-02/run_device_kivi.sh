@@ -1,3 +1,4 @@
+# Ran on the tree of commit 2d82786: check that commit out to measure the same code.
 # Device call 7 (from the repository root): the kernel tests compiled; the KIVI kernel before (kivi_attention_before.py:
 # four waves of one program per SM) and after (whole waves of the programs it runs at once), alternated twice; the
 # ALR-KVD kernel through the shared split rule.

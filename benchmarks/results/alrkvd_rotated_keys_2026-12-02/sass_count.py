@@ -5,7 +5,8 @@
 then python benchmarks/results/alrkvd_rotated_keys_2026-12-02/sass_loops.py (reads ./last.sass; the main loop is
 the second listed). benchmarks/results/alrkvd_kernel_v3_2026-12-01/sass_count.py brought up to this session's
 kernel (its Out/Tickets pointers and strides) and made to read addresses past 0xffff. Compile an ALR-KVD stage 1 for sm_90 the way the JIT specializes it (pointers 16-aligned, ints == 1
-constexpr, ints % 16 == 0 marked divisible), dump SASS, count instructions by opcode."""
+constexpr, ints % 16 == 0 marked divisible), dump SASS, count instructions by opcode; print the registers,
+the static and the dynamic shared memory (Triton's pipeline buffers)."""
 import os, subprocess, sys, tempfile, collections, re, importlib, json
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
@@ -64,6 +65,7 @@ for l in lines:
     if m:
         ops[m.group(2).split('.')[0]] += 1
         if m.group(2).startswith(('LD', 'ST')): mem[m.group(2)] += 1
-print(" ".join(l.strip() for l in usage.splitlines() if "REG" in l), "| total", len(lines))
+print(" ".join(l.strip() for l in usage.splitlines() if "REG" in l), "DYNAMIC_SHARED:%d" % c.metadata.shared,
+      "| total", len(lines))
 print(ops.most_common(24))
 print(mem.most_common(16))
