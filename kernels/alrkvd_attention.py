@@ -179,6 +179,23 @@ def _rope(x1, x2, cos, sin):
     return x1 * cos - x2 * sin, x2 * cos + x1 * sin
 
 
+@triton.jit
+def _stream_scales(block, rk, offs_s, offs_r, pid_kvh, Basis_scale, Latent_scale, Latent_zero, stride_bsn,
+                   NUM_KV_HEADS: tl.constexpr):
+    """The basis scale, latent scale and latent zero of kv head pid_kvh's K and V streams in `block`, whose ranks
+    are rk [BLOCK_S]: six fp16 [BLOCK_R] vectors as stored, 0 past the stream's rank."""
+    rk = rk.to(tl.int32)
+    off_k = tl.sum(tl.where(offs_s < pid_kvh, rk, 0), 0)
+    mk = offs_r < tl.sum(tl.where(offs_s == pid_kvh, rk, 0), 0)
+    off_v = tl.sum(tl.where(offs_s < NUM_KV_HEADS + pid_kvh, rk, 0), 0)
+    mv = offs_r < tl.sum(tl.where(offs_s == NUM_KV_HEADS + pid_kvh, rk, 0), 0)
+    k_rows = block * stride_bsn + off_k + offs_r
+    v_rows = block * stride_bsn + off_v + offs_r
+    return (tl.load(Basis_scale + k_rows, mask=mk, other=0.0), tl.load(Latent_scale + k_rows, mask=mk, other=0.0),
+            tl.load(Latent_zero + k_rows, mask=mk, other=0.0), tl.load(Basis_scale + v_rows, mask=mv, other=0.0),
+            tl.load(Latent_scale + v_rows, mask=mv, other=0.0), tl.load(Latent_zero + v_rows, mask=mv, other=0.0))
+
+
 # ----------------------------------------------------------------------------------------------
 # Stage 1
 # ----------------------------------------------------------------------------------------------
@@ -314,11 +331,18 @@ def _alrkvd_decode_stage1(
         if PV == 4:
             acc2 = tl.zeros([BLOCK_G, NV], dtype=tl.float32)
             acc3 = tl.zeros([BLOCK_G, NV], dtype=tl.float32)
-        # the block id and ranks of the next tile are loaded one iteration ahead (a chain of two loads;
-        # the index is clamped into the sequence's table so that the last prefetch reads a valid entry)
+        # the block id and ranks of the next tile are loaded one iteration ahead (a chain of two loads; the index
+        # is clamped into the sequence's table so that the last prefetch reads a valid entry). The scales too: too
+        # narrow for Triton's pipeliner (one fp16 per token or row), they would be waited for in every tile.
         last = tl.maximum(n_tiles - 1, 0)
         next_block = tl.load(bt_row + tl.minimum(t_start, last) // TILES).to(tl.int64)
         next_rk = tl.load(Ranks + next_block * stride_rkn + offs_s, mask=mask_s, other=0)
+        bk_s, lk_s, lk_z, bv_s, lv_s, lv_z = _stream_scales(next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale,
+                                                            Latent_scale, Latent_zero, stride_bsn, NUM_KV_HEADS)
+        ks_next = next_block * stride_ksn + kvh64 * stride_ksh + ((t_start % TILES) * BLOCK_N + offs_n) * stride_kst
+        vs_next = next_block * stride_vsn + kvh64 * stride_vsh + ((t_start % TILES) * BLOCK_N + offs_n) * stride_vst
+        k_rs, k_rz = tl.load(K_rscale + ks_next), tl.load(K_rzero + ks_next)
+        v_rs, v_rz = tl.load(V_rscale + vs_next), tl.load(V_rzero + vs_next)
         for t in range(t_start, t_end):
             blk = t // TILES
             rows = (t % TILES) * BLOCK_N + offs_n  # token rows inside the block
@@ -326,6 +350,9 @@ def _alrkvd_decode_stage1(
             rk = next_rk.to(tl.int32)
             next_block = tl.load(bt_row + tl.minimum(t + 1, last) // TILES).to(tl.int64)
             next_rk = tl.load(Ranks + next_block * stride_rkn + offs_s, mask=mask_s, other=0)
+            next_rows = (tl.minimum(t + 1, last) % TILES) * BLOCK_N + offs_n
+            ks_next = next_block * stride_ksn + kvh64 * stride_ksh + next_rows * stride_kst
+            vs_next = next_block * stride_vsn + kvh64 * stride_vsh + next_rows * stride_vst
 
             # -- this head's K and V streams: offset and rank inside the block's R rows
             off_k = tl.sum(tl.where(offs_s < pid_kvh, rk, 0), 0)
@@ -338,25 +365,24 @@ def _alrkvd_decode_stage1(
             basis_blk = Basis + block * stride_bn
             lat_blk = Latent + block * stride_ln
 
-            bk_s = tl.load(Basis_scale + sc_blk + off_k + offs_r, mask=mk, other=0.0).to(tl.float32)
             bk1 = _load_2d(basis_blk + off_k * stride_br, offs_r, offs_h, mk, offs_h < HALF, stride_br, 1)
             bk2 = _load_2d(basis_blk + off_k * stride_br + HALF, offs_r, offs_h, mk, offs_h < HALF, stride_br, 1)
-            lk_s = tl.load(Latent_scale + sc_blk + off_k + offs_r, mask=mk, other=0.0).to(tl.float32)[None, :]
-            lk_z = tl.load(Latent_zero + sc_blk + off_k + offs_r, mask=mk, other=0.0).to(tl.float32)[None, :]
             lk = _load_2d(lat_blk + off_k * stride_lr, rows, offs_r, all_n, mk, stride_lt, stride_lr)
             if ROTATED_KEYS:
                 # -- keys: q . (lat_t B) = (q B^T) . lat_t. Basis and latent codes go to tl.dot as they are (fp16 by
                 #    bit pattern); the basis scale, the latents' scale and zero come off the [G, R] matrix q B^T
-                qb = (tl.dot(q1, tl.trans(_s8_code(bk1))) + tl.dot(q2, tl.trans(_s8_code(bk2)))) * bk_s[None, :]
-                s_low = tl.dot((qb * lk_s).to(tl.float16), tl.trans(fp16_code(lk.to(tl.int16)))) \
-                    + tl.sum(qb * lk_z, 1)[:, None]
+                qb = tl.dot(q1, tl.trans(_s8_code(bk1))) + tl.dot(q2, tl.trans(_s8_code(bk2)))
+                qb *= bk_s.to(tl.float32)[None, :]
+                s_low = tl.dot((qb * lk_s.to(tl.float32)[None, :]).to(tl.float16), tl.trans(fp16_code(lk.to(tl.int16))))
+                s_low += tl.sum(qb * lk_z.to(tl.float32)[None, :], 1)[:, None]
             else:
-                bk1 = bk1 * bk_s[:, None]
-                bk2 = bk2 * bk_s[:, None]
+                bk1 = bk1 * bk_s.to(tl.float32)[:, None]
+                bk2 = bk2 * bk_s.to(tl.float32)[:, None]
                 # -- keys: the basis rotated to the tile's first position, latents @ basis', RoPE_j, + residual
                 p0_off = (blk * BLOCK_SIZE + t % TILES * BLOCK_N).to(tl.int64) * stride_cs + offs_h
                 b1, b2 = _rope(bk1, bk2, tl.load(Cos + p0_off)[None, :], tl.load(Sin + p0_off)[None, :])
-                lk = (lk.to(tl.float32) * lk_s + lk_z).to(tl.float16)
+                lk = lk.to(tl.float32) * lk_s.to(tl.float32)[None, :] + lk_z.to(tl.float32)[None, :]
+                lk = lk.to(tl.float16)
                 # the rebuilt keys and their RoPE in fp16: half the registers, and they go to tl.dot as fp16 anyway
                 k1, k2 = _rope(tl.dot(lk, b1.to(tl.float16), out_dtype=tl.float16),
                                tl.dot(lk, b2.to(tl.float16), out_dtype=tl.float16), cos_j, sin_j)
@@ -370,25 +396,22 @@ def _alrkvd_decode_stage1(
                 s_res += tl.dot(qk1, tl.trans(kc[1])) * (1.0 / (1 << K_BITS))
             if PK == 4:
                 s_res += tl.dot(qk2, tl.trans(kc[2])) * (1.0 / 16) + tl.dot(qk3, tl.trans(kc[3])) * (1.0 / 64)
-            ks_off = block * stride_ksn + kvh64 * stride_ksh + rows * stride_kst
-            s = s_low + s_res * tl.load(K_rscale + ks_off).to(tl.float32)[None, :] \
-                + q_sum[:, None] * tl.load(K_rzero + ks_off).to(tl.float32)[None, :]
+            s = s_low + s_res * k_rs.to(tl.float32)[None, :] + q_sum[:, None] * k_rz.to(tl.float32)[None, :]
+            k_rs, k_rz = tl.load(K_rscale + ks_next), tl.load(K_rzero + ks_next)  # the next tile's, from here on
             p, alpha, m_i, l_i = softmax_update(s * qk_scale, all_n, m_i, l_i)
             p16 = p.to(tl.float16)
 
             # -- values: p @ latents, up-projected run by run by the block's basis, + (p * rscale) @ codes +
             #    p . rzero
-            lv_s = tl.load(Latent_scale + sc_blk + off_v + offs_r, mask=mv, other=0.0).to(tl.float32)[None, :]
-            lv_z = tl.load(Latent_zero + sc_blk + off_v + offs_r, mask=mv, other=0.0).to(tl.float32)[None, :]
             lv = _load_2d(lat_blk + off_v * stride_lr, rows, offs_r, all_n, mv, stride_lt, stride_lr)
-            bv_s = tl.load(Basis_scale + sc_blk + off_v + offs_r, mask=mv, other=0.0).to(tl.float32)[None, :]
             # latent and basis codes go to tl.dot as they are; their scales and zero come off p @ codes [G, R]
-            p_lat = tl.dot(p16, fp16_code(lv.to(tl.int16))) * lv_s + tl.sum(p16.to(tl.float32), 1)[:, None] * lv_z
-            p_lat = (p_lat * bv_s).to(tl.float16)  # [BLOCK_G, BLOCK_R]
+            p_lat = tl.dot(p16, fp16_code(lv.to(tl.int16))) * lv_s.to(tl.float32)[None, :] \
+                + tl.sum(p16.to(tl.float32), 1)[:, None] * lv_z.to(tl.float32)[None, :]
+            p_lat = (p_lat * bv_s.to(tl.float32)[None, :]).to(tl.float16)  # [BLOCK_G, BLOCK_R]
             bv_blk = basis_blk + off_v * stride_br
-            vs_off = block * stride_vsn + kvh64 * stride_vsh + rows * stride_vst
-            ps = (p * tl.load(V_rscale + vs_off).to(tl.float32)[None, :]).to(tl.float16)
-            p_zero = tl.sum(p * tl.load(V_rzero + vs_off).to(tl.float32)[None, :], 1)[:, None]
+            ps = (p * v_rs.to(tl.float32)[None, :]).to(tl.float16)
+            p_zero = tl.sum(p * v_rz.to(tl.float32)[None, :], 1)[:, None]
+            v_rs, v_rz = tl.load(V_rscale + vs_next), tl.load(V_rzero + vs_next)
             vc = _code_runs(tl.load(V_resid + block * stride_vrn + kvh64 * stride_vrh + rows[:, None] * stride_vrt
                                     + offs_vc[None, :]), V_BITS)
             bv = _s8_code(_load_2d(bv_blk, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1))
@@ -405,6 +428,9 @@ def _alrkvd_decode_stage1(
                 bv = _s8_code(_load_2d(bv_blk + 3 * NV, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1))
                 acc3 = acc3 * alpha[:, None] + tl.dot(ps, vc[3]) * (1.0 / 64) + p_zero \
                     + tl.dot(p_lat, bv)
+            bk_s, lk_s, lk_z, bv_s, lv_s, lv_z = _stream_scales(
+                next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale, Latent_scale, Latent_zero, stride_bsn,
+                NUM_KV_HEADS)
 
         # output columns RUN * NV .. RUN * NV + NV - 1 are acc{RUN}
         all_vc = offs_vc < NV
