@@ -44,6 +44,7 @@ def compiled_summary(mod, q, kw, scale) -> dict:
                            pa.decode_tickets(None, B * kw["cache"].num_kv_heads, q.device), cfg, min_tokens,
                            warmup=True)
     ttgir = k.asm["ttgir"]
+    k._init_handles()  # loads the binary: n_regs, n_spills
     return dict(regs=k.n_regs, spills=k.n_spills, shared=k.metadata.shared, warps=k.metadata.num_warps,
                 async_copies=ttgir.count("async_copy_global_to_local"),
                 waits=re.findall(r"async_wait[^\n]*?num = (\d+)", ttgir))
