@@ -143,21 +143,52 @@ class AlrkvdLayer:
 # ----------------------------------------------------------------------------------------------
 # Helpers inside the kernel
 # ----------------------------------------------------------------------------------------------
+def _unpack_ptx(bits: int) -> tuple[tl.constexpr, tl.constexpr]:
+    """PTX for `_code_runs` (4 bytes in, 8 // bits runs out, two fp16 registers each) and its constraints."""
+    runs, mask = 8 // bits, (1 << bits) - 1
+    lines = [f"prmt.b32 lo, ${2 * runs}, 0, 0x4140;", f"prmt.b32 hi, ${2 * runs}, 0, 0x4342;"]
+    for r in range(runs):  # lop3 immediate 0xea: (a & b) | c
+        pair_mask = hex((mask << (r * bits)) * 0x10001)
+        lines += [f"lop3.b32 ${2 * r}, lo, {pair_mask}, 0x64006400, 0xea;",
+                  f"lop3.b32 ${2 * r + 1}, hi, {pair_mask}, 0x64006400, 0xea;"]
+    return tl.constexpr("{ .reg .b32 lo, hi; " + " ".join(lines) + " }"), tl.constexpr("=r," * (2 * runs) + "r")
+
+
+(_PTX_2, _ARGS_2), (_PTX_4, _ARGS_4), (_PTX_8, _ARGS_8) = map(_unpack_ptx, (2, 4, 8))
+
+
 @triton.jit
-def _code_runs(b, BITS: tl.constexpr):
+def _code_runs(b, BITS: tl.constexpr, ASM: tl.constexpr):
     """The 8 // BITS runs of packed residual bytes b [n, NB] (uint8), each [n, NB] fp16 holding
-    code * 2^(RUN * BITS). backend.kv_formats.pack_bits puts value j of a row in byte j % NB at bit
+    1024 + code * 2^(RUN * BITS). backend.kv_formats.pack_bits puts value j of a row in byte j % NB at bit
     (j // NB) * BITS, so the codes at bit RUN * BITS of every byte are the row's columns RUN * NB ..
     RUN * NB + NB - 1, in order: one mask per byte, no shift and no interleave. Masked in place and OR-ed
-    with 0x6400 the bits read as the fp16 1024 + code * 2^(RUN * BITS), without an int-to-float conversion;
-    taking 1024 off is exact in fp16. The caller takes the power of two off after its dot."""
+    with 0x6400 the bits read as the fp16 1024 + code * 2^(RUN * BITS), exact, without an int-to-float
+    conversion; the caller takes the 1024 and the power of two off its dot's result, per row.
+    ASM (compiled only): two codes per 32-bit instruction, as tl.dot wants them, packed in pairs (prmt spreads
+    bytes 0, 1 and 2, 3 of a register to the low bytes of two fp16 halves, then one lop3 per run masks and ORs
+    a pair); the plain path builds each code alone and packs the pairs after."""
+    if ASM:
+        if BITS == 2:
+            return tl.inline_asm_elementwise(_PTX_2, _ARGS_2, [b], (tl.float16, tl.float16, tl.float16, tl.float16),
+                                             is_pure=True, pack=4)
+        elif BITS == 4:
+            return tl.inline_asm_elementwise(_PTX_4, _ARGS_4, [b], (tl.float16, tl.float16), is_pure=True, pack=4)
+        else:
+            return (tl.inline_asm_elementwise(_PTX_8, _ARGS_8, [b], tl.float16, is_pure=True, pack=4),)
     x = b.to(tl.int16)
     if BITS == 2:
-        return (fp16_code(x & 3), fp16_code(x & 12), fp16_code(x & 48), fp16_code(x & 192))
+        return (_fp16_bits(x & 3), _fp16_bits(x & 12), _fp16_bits(x & 48), _fp16_bits(x & 192))
     elif BITS == 4:
-        return (fp16_code(x & 15), fp16_code(x & 240))
+        return (_fp16_bits(x & 15), _fp16_bits(x & 240))
     else:
-        return (fp16_code(x),)
+        return (_fp16_bits(x),)
+
+
+@triton.jit
+def _fp16_bits(x):
+    """x (int16) read as fp16 after OR-ing 0x6400: 1024 + x for x < 1024."""
+    return (x | 0x6400).to(tl.float16, bitcast=True)
 
 
 @triton.jit
@@ -237,6 +268,7 @@ def _alrkvd_decode_stage1(
     K_BITS: tl.constexpr, V_BITS: tl.constexpr,
     ROTATED_KEYS: tl.constexpr,  # key_frame=rotated: low-rank key scores are (q B^T) . latents, no RoPE per token
     MIN_TILES: tl.constexpr,  # the fewest tiles a split takes (MIN_TOKENS_PER_SPLIT / BLOCK_N)
+    ASM: tl.constexpr,  # residual codes unpacked by inline PTX (compiled only; the interpreter takes the plain path)
 ):
     """Grid (B, num_kv_heads, num_splits + 1): the first splits share the closed (compressed) blocks' tiles, at
     least MIN_TILES each, and program num_splits takes the window. The split count comes from the block table's
@@ -318,12 +350,20 @@ def _alrkvd_decode_stage1(
         NV: tl.constexpr = HEAD_DIM // PV
         offs_kc = tl.arange(0, NK)
         offs_vc = tl.arange(0, NV)
+        # run r of the query divided by 2^(r K_BITS) (exact in fp16), so that the runs' dots add up in one
+        # accumulator; k_bias: 1024 times their sum, the codes' bias in that accumulator
         qk0 = tl.load(q_row + offs_kc[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16)
+        k_bias = tl.sum(qk0.to(tl.float32), 1)
         if PK >= 2:
-            qk1 = tl.load(q_row + NK + offs_kc[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16)
+            qk1 = (tl.load(q_row + NK + offs_kc[None, :], mask=mask_g[:, None], other=0.0)
+                   * (1.0 / (1 << K_BITS))).to(tl.float16)
+            k_bias += tl.sum(qk1.to(tl.float32), 1)
         if PK == 4:
-            qk2 = tl.load(q_row + 2 * NK + offs_kc[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16)
-            qk3 = tl.load(q_row + 3 * NK + offs_kc[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16)
+            qk2 = (tl.load(q_row + 2 * NK + offs_kc[None, :], mask=mask_g[:, None], other=0.0) * 0.0625).to(tl.float16)
+            qk3 = (tl.load(q_row + 3 * NK + offs_kc[None, :], mask=mask_g[:, None], other=0.0)
+                   * 0.015625).to(tl.float16)
+            k_bias += tl.sum(qk2.to(tl.float32), 1) + tl.sum(qk3.to(tl.float32), 1)
+        k_bias *= 1024.0
         q_sum = tl.sum(q1.to(tl.float32), 1) + tl.sum(q2.to(tl.float32), 1)
         acc0 = tl.zeros([BLOCK_G, NV], dtype=tl.float32)
         if PV >= 2:
@@ -388,15 +428,16 @@ def _alrkvd_decode_stage1(
                                tl.dot(lk, b2.to(tl.float16), out_dtype=tl.float16), cos_j, sin_j)
                 s_low = tl.dot(q1, tl.trans(k1.to(tl.float16))) + tl.dot(q2, tl.trans(k2.to(tl.float16)))
             # -- key residual, codes * rscale + rzero per token: q . e = rscale (q . codes) + rzero sum(q); run r
-            #    of the codes arrives as code * 2^(r K_BITS), the power of two taken off the run's fp32 dot
+            #    of the codes arrives as 1024 + code * 2^(r K_BITS), its query run divided by 2^(r K_BITS)
             kc = _code_runs(tl.load(K_resid + block * stride_krn + kvh64 * stride_krh + rows[:, None] * stride_krt
-                                    + offs_kc[None, :]), K_BITS)
+                                    + offs_kc[None, :]), K_BITS, ASM)
             s_res = tl.dot(qk0, tl.trans(kc[0]))
             if PK >= 2:
-                s_res += tl.dot(qk1, tl.trans(kc[1])) * (1.0 / (1 << K_BITS))
+                s_res = tl.dot(qk1, tl.trans(kc[1]), s_res)
             if PK == 4:
-                s_res += tl.dot(qk2, tl.trans(kc[2])) * (1.0 / 16) + tl.dot(qk3, tl.trans(kc[3])) * (1.0 / 64)
-            s = s_low + s_res * k_rs.to(tl.float32)[None, :] + q_sum[:, None] * k_rz.to(tl.float32)[None, :]
+                s_res = tl.dot(qk3, tl.trans(kc[3]), tl.dot(qk2, tl.trans(kc[2]), s_res))
+            s = s_low + (s_res - k_bias[:, None]) * k_rs.to(tl.float32)[None, :] \
+                + q_sum[:, None] * k_rz.to(tl.float32)[None, :]
             k_rs, k_rz = tl.load(K_rscale + ks_next), tl.load(K_rzero + ks_next)  # the next tile's, from here on
             p, alpha, m_i, l_i = softmax_update(s * qk_scale, all_n, m_i, l_i)
             p16 = p.to(tl.float16)
@@ -411,23 +452,25 @@ def _alrkvd_decode_stage1(
             bv_blk = basis_blk + off_v * stride_br
             ps = (p * v_rs.to(tl.float32)[None, :]).to(tl.float16)
             p_zero = tl.sum(p * v_rz.to(tl.float32)[None, :], 1)[:, None]
+            ps_bias = 1024.0 * tl.sum(ps.to(tl.float32), 1)[:, None]  # the codes' bias in p @ codes
             v_rs, v_rz = tl.load(V_rscale + vs_next), tl.load(V_rzero + vs_next)
             vc = _code_runs(tl.load(V_resid + block * stride_vrn + kvh64 * stride_vrh + rows[:, None] * stride_vrt
-                                    + offs_vc[None, :]), V_BITS)
+                                    + offs_vc[None, :]), V_BITS, ASM)
+            # acc{r} holds 2^(r V_BITS) times its output columns (taken off at the end), so run r's codes, as they
+            # arrive, need no scaling per element; its low-rank part and zero are scaled instead ([G, R], [G, 1])
             bv = _s8_code(_load_2d(bv_blk, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1))
-            acc0 = acc0 * alpha[:, None] + tl.dot(ps, vc[0]) + p_zero \
-                + tl.dot(p_lat, bv)
+            acc0 = tl.dot(p_lat, bv, tl.dot(ps, vc[0], acc0 * alpha[:, None] + (p_zero - ps_bias)))
             if PV >= 2:
                 bv = _s8_code(_load_2d(bv_blk + NV, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1))
-                acc1 = acc1 * alpha[:, None] + tl.dot(ps, vc[1]) * (1.0 / (1 << V_BITS)) + p_zero \
-                    + tl.dot(p_lat, bv)
+                acc1 = tl.dot((p_lat * (1 << V_BITS)).to(tl.float16), bv,
+                              tl.dot(ps, vc[1], acc1 * alpha[:, None] + (p_zero * (1 << V_BITS) - ps_bias)))
             if PV == 4:
                 bv = _s8_code(_load_2d(bv_blk + 2 * NV, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1))
-                acc2 = acc2 * alpha[:, None] + tl.dot(ps, vc[2]) * (1.0 / 16) + p_zero \
-                    + tl.dot(p_lat, bv)
+                acc2 = tl.dot((p_lat * 16).to(tl.float16), bv,
+                              tl.dot(ps, vc[2], acc2 * alpha[:, None] + (p_zero * 16 - ps_bias)))
                 bv = _s8_code(_load_2d(bv_blk + 3 * NV, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1))
-                acc3 = acc3 * alpha[:, None] + tl.dot(ps, vc[3]) * (1.0 / 64) + p_zero \
-                    + tl.dot(p_lat, bv)
+                acc3 = tl.dot((p_lat * 64).to(tl.float16), bv,
+                              tl.dot(ps, vc[3], acc3 * alpha[:, None] + (p_zero * 64 - ps_bias)))
             bk_s, lk_s, lk_z, bv_s, lv_s, lv_z = _stream_scales(
                 next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale, Latent_scale, Latent_zero, stride_bsn,
                 NUM_KV_HEADS)
@@ -436,12 +479,13 @@ def _alrkvd_decode_stage1(
         all_vc = offs_vc < NV
         store_partial(o_row, lse_row, acc0, m_i, l_i, heads, offs_vc, mask_g, all_vc, stride_moh, stride_mlh)
         if PV >= 2:
-            store_partial(o_row, lse_row, acc1, m_i, l_i, heads, NV + offs_vc, mask_g, all_vc, stride_moh, stride_mlh)
+            store_partial(o_row, lse_row, acc1 * (1.0 / (1 << V_BITS)), m_i, l_i, heads, NV + offs_vc, mask_g, all_vc,
+                          stride_moh, stride_mlh)
         if PV == 4:
-            store_partial(o_row, lse_row, acc2, m_i, l_i, heads, 2 * NV + offs_vc, mask_g, all_vc, stride_moh,
-                          stride_mlh)
-            store_partial(o_row, lse_row, acc3, m_i, l_i, heads, 3 * NV + offs_vc, mask_g, all_vc, stride_moh,
-                          stride_mlh)
+            store_partial(o_row, lse_row, acc2 * 0.0625, m_i, l_i, heads, 2 * NV + offs_vc, mask_g, all_vc,
+                          stride_moh, stride_mlh)
+            store_partial(o_row, lse_row, acc3 * 0.015625, m_i, l_i, heads, 3 * NV + offs_vc, mask_g, all_vc,
+                          stride_moh, stride_mlh)
 
     merge_g = tl.arange(0, MERGE_G)  # the merge has no tl.dot: the group unpadded
     merge_if_last(Tickets + pid_b * NUM_KV_HEADS + pid_kvh, num_splits + 1, busy + 1, Mid_o + pid_b * stride_mob,
@@ -507,7 +551,8 @@ def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_
         BLOCK_SIZE=block_size, BLOCK_N=block_n,
         BLOCK_R=max(16, triton.next_power_of_2(cache.rank_max)),
         BLOCK_S=triton.next_power_of_2(2 * num_kv_heads),
-        K_BITS=cache.k_bits, V_BITS=cache.v_bits, ROTATED_KEYS=cache.rotated_keys, MIN_TILES=max(1, min_tokens // block_n), **cfg,
+        K_BITS=cache.k_bits, V_BITS=cache.v_bits, ROTATED_KEYS=cache.rotated_keys,
+        MIN_TILES=max(1, min_tokens // block_n), ASM=q.is_cuda, **cfg,
     )
 
 

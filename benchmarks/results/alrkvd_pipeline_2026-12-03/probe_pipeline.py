@@ -4,7 +4,8 @@ and 4 pipeline stages of the main loop ("before" is alrkvd_attention_before.py, 
 the dispatcher (whole waves of the programs the compiled kernel lets run at once). Also prints, per pair, what the
 compiler made of the main loop on this machine's Triton: registers, spills, shared memory, async copies.
 
-    python benchmarks/results/alrkvd_pipeline_2026-12-03/probe_pipeline.py OUT.json  (repo root, H200)
+    python benchmarks/results/alrkvd_pipeline_2026-12-03/probe_pipeline.py OUT.json [BEFORE.py [STAGES]]  (repo root,
+        H200; BEFORE.py defaults to alrkvd_attention_before.py beside this script, STAGES to 2,3,4)
 
 Same data and timing as benchmarks/bench_attention.py; SDPA timed per shape in the same run."""
 import importlib.util, json, re, sys
@@ -29,7 +30,7 @@ def load_module(path: Path, name: str):
 SHAPES = [(1, 4096), (1, 32768), (8, 4096), (8, 32768), (32, 32768), (8, 131072)]
 if not torch.cuda.is_available():  # a smoke run of this script (TRITON_INTERPRET=1)
     SHAPES = [(1, 384)]
-STAGES = (2, 3, 4)
+STAGES = tuple(int(x) for x in (sys.argv[3] if len(sys.argv) > 3 else "2,3,4").split(","))
 
 
 def compiled_summary(mod, q, kw, scale) -> dict:
@@ -54,7 +55,8 @@ def main():
     dev, gen = ("cuda" if torch.cuda.is_available() else "cpu"), torch.Generator().manual_seed(0)
     H, Hq, D, T = ba.NUM_KV_HEADS, ba.NUM_Q_HEADS, ba.HEAD_DIM, ba.ALRKVD_BLOCK
     scale, rows, compiled = D ** -0.5, [], {}
-    before = load_module(HERE / "alrkvd_attention_before.py", "alrkvd_attention_before")
+    before = load_module(Path(sys.argv[2]) if len(sys.argv) > 2 else HERE / "alrkvd_attention_before.py",
+                         "alrkvd_attention_before")
     kernels = {"before": before, "after": after}
     defaults = {name: dict(m._DEFAULT_STAGE1) for name, m in kernels.items()}
     for B, L in SHAPES:
