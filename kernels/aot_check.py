@@ -60,7 +60,7 @@ def main() -> None:
                      Latent="u8", Latent_scale="fp16", Latent_zero="fp16", K_resid="u8", K_rscale="fp16",
                      K_rzero="fp16", V_resid="u8", V_rscale="fp16", V_rzero="fp16")
     alr_common = dict(NUM_KV_HEADS=8, GROUP=4, BLOCK_G=16, MERGE_G=4, MERGE_CHUNK=32, HEAD_DIM=128, BLOCK_SIZE=128,
-                      BLOCK_S=16, K_BITS=2, V_BITS=2)
+                      BLOCK_S=16, K_BITS=2, V_BITS=2, ASM=True)
     cfg = alrkvd_attention._DEFAULT_STAGE1
     jobs = [
         ("paged stage 1 (D=128, G=4, page 16)", paged_attention._paged_decode_stage1, paged_ptrs, {"qk_scale"},
@@ -74,7 +74,7 @@ def main() -> None:
          alr_ptrs, {"qk_scale"}, dict(alr_common, BLOCK_N=cfg["BLOCK_N"], BLOCK_R=r, ROTATED_KEYS=rot),
          dict(num_warps=w, num_stages=cfg["num_stages"], maxnreg=maxnreg))
         for rot in (False, True) for r in (16, 64)
-        for w, maxnreg in ((cfg["num_warps"], cfg["MAXNREG_FEW_PAIRS"]), (cfg["NUM_WARPS_MANY_PAIRS"], None))
+        for w, maxnreg in ((cfg["num_warps"], cfg["MAXNREG_FEW_PAIRS"]), (cfg["NUM_WARPS_MANY_PAIRS"], cfg["MAXNREG_MANY_PAIRS"]))
     ] + [
         ("kivi stage 1 (2 bits, D=128, G=4)", kivi_attention._kivi_decode_stage1,
          dict(Q="fp16", Block_tables="i32", Seq_lens="i32", Window_slots="i32", Window_k="fp16", Window_v="fp16",

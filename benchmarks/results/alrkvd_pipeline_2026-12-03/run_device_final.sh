@@ -1,0 +1,10 @@
+# Device call 4 (from the repository root): the kernel tests compiled; issue 4's table with this session's final
+# kernel (scales one tile ahead, biased codes unpacked by inline PTX, the 2-warp launch capped at 168 registers at
+# rank <= 16); the engine's decode step at 32k.
+export PYTHONPATH=. ; D=benchmarks/results/alrkvd_pipeline_2026-12-03
+timeout 150 python -m pytest -q -x tests/test_kernels_alrkvd_attention.py 2>&1 | grep -E "Error|FAILED|passed|failed" | head
+timeout 220 python benchmarks/bench_attention.py --no-tune --variants alrkvd-rot-r16 alrkvd-rot-r32 alrkvd-rot-r64 \
+    alrkvd-rot-mixed alrkvd-r16 --out $OUT/attention_table_final_h200.json 2>&1 | grep -v "no tuned" \
+    | grep -E "alrkvd-rot-r16|sdpa|date"
+timeout 200 python benchmarks/bench_engine.py --gpu --models qwen3-30b-a3b --batches 1,8 --contexts 32768 \
+    --kv-formats fp16,alrkvd-rotated --modes graphs --steps 20 --out $OUT/engine_e2e_h200.json 2>&1 | tail -6
