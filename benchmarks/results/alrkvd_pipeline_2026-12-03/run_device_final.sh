@@ -1,4 +1,5 @@
-# Device call 4 (from the repository root): the kernel tests compiled; issue 4's table with this session's final
+# Ran on the tree of commit 100bae1 (and later commits that change only documents): check it out to measure the same code.
+# Device call 5 (from the repository root): the kernel tests compiled; issue 4's table with this session's final
 # kernel (scales one tile ahead, biased codes unpacked by inline PTX, the 2-warp launch capped at 168 registers at
 # rank <= 16); the engine's decode step at 32k.
 export PYTHONPATH=. ; D=benchmarks/results/alrkvd_pipeline_2026-12-03

@@ -1,5 +1,6 @@
-# Device call 2 (from the repository root): the kernel tests compiled (the inline-PTX unpacking runs only compiled);
-# the probe at 2 stages, before (alrkvd_attention_prefetch.py: the scales loaded one tile ahead, call 1's "after")
+# Ran on the tree of commit 3e760e3: check that commit out to measure the same code.
+# Device call 3 (from the repository root): the kernel tests compiled (the inline-PTX unpacking runs only compiled);
+# the probe at 2 stages, before (alrkvd_attention_prefetch.py: the scales loaded one tile ahead, call 2's "after")
 # and after (this tree: residual codes biased, unpacked by inline PTX, run weights folded into the query and the
 # accumulators); issue 4's table with this tree's kernel.
 export PYTHONPATH=. ; D=benchmarks/results/alrkvd_pipeline_2026-12-03
