@@ -38,8 +38,10 @@ num_splits takes the window), per tile of BLOCK_N tokens of a closed block:
     values: p @ latents (accumulated in latent space), up-projected by the tile's basis, plus
             (p * rscale) @ codes + p . rzero, accumulated run by run (output columns of run r in acc{r}).
 Codes become fp16 without an int-to-float conversion: the bits of run r masked in place and OR-ed with
-0x6400 read as the fp16 1024 + code * 2^(r * bits), less 1024 exactly; the power of two comes off after
-each fp32 dot. Stage 2 runs in stage 1: the last program of a (sequence, kv head) to finish merges the
+0x6400 read as the fp16 1024 + code * 2^(r * bits). Residual codes go to tl.dot biased, two per instruction
+(inline PTX when compiled): the 1024 comes off each dot's result once per row, the power of two off the query run
+(keys) or the run's accumulator (values, at the end). The scales, too narrow for Triton's pipeliner, are loaded a
+tile ahead by hand (BENCHMARKS.md section 2j). Stage 2 runs in stage 1: the last program of a (sequence, kv head) to finish merges the
 partials (`kernels.paged_attention.merge_if_last`): no second kernel, 1 us less at B=1 L=4k on the H200
 (BENCHMARKS.md section 2e; the paged and KIVI kernels measured slower with it and keep `decode_reduce`).
 
