@@ -268,6 +268,10 @@ class TritonLauncher:
             f"--exit-timeout-secs={self.exit_timeout_s}",
             f"--log-verbose={self.log_verbose}",
             "--model-control-mode=explicit",
+            # One model initializes at a time. The Python backend (2.51) declares a stub failed when its health
+            # thread misses a 1 s window during `initialize`, then waits for that stub to exit, which it never does:
+            # the server hung so once in CI, two models initializing at once on 2 cores.
+            "--model-load-thread-count=1",
         ]
         cmd += [f"--load-model={m}" for m in self.selected_models()]
         if self.gpu:

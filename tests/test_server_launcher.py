@@ -79,6 +79,7 @@ def test_command_ports_models_and_gpu(tmp_path, monkeypatch):
     assert f"--model-repository={serve.DEFAULT_MODEL_REPOSITORY}" in cmd
     assert {"--load-model=smollm2", "--load-model=qwen3moe_dummy"} <= set(cmd)
     assert not any(c.startswith("--model-config-name") for c in cmd)
+    assert "--model-load-thread-count=1" in cmd  # models initialize one at a time (serve.py says why)
     gpu = serve.TritonLauncher(models=["smollm2"], gpu=True).command(install, tmp_path)
     assert "--model-config-name=gpu" in gpu and "--load-model=qwen3moe_dummy" not in gpu
     assert launcher.http_url == "127.0.0.1:1" and launcher.metrics_url == "http://127.0.0.1:3/metrics"
