@@ -1,5 +1,5 @@
 """H200 probe: the rotated ALR-KVD kernel (rank 16) before and after its scales were loaded one tile ahead, at 2, 3
-and 4 pipeline stages of the main loop ("before" is alrkvd_attention_before.py, the kernel at the session's start;
+and 4 pipeline stages of the main loop ("before" is alrkvd_attention_before.py: git show 7f8e501:kernels/alrkvd_attention.py, the kernel at the session's start;
 "after" is kernels/alrkvd_attention.py). Each shape runs every (kernel, stages) pair twice, alternated; splits from
 the dispatcher (whole waves of the programs the compiled kernel lets run at once). Also prints, per pair, what the
 compiler made of the main loop on this machine's Triton: registers, spills, shared memory, async copies.
