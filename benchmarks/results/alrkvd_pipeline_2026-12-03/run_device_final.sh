@@ -1,4 +1,5 @@
-# Ran on the tree of commit 100bae1 (and later commits that change only documents): check it out to measure the same code.
+# NOT RUN: the H200 could not be started again in the session's device time (2026-12-03). Meant for the tree of commit
+# 100bae1 or later (the kernel has not changed since).
 # Device call 5 (from the repository root): issue 4's table with this session's final
 # kernel (scales one tile ahead, biased codes unpacked by inline PTX, the 2-warp launch capped at 168 registers at
 # rank <= 16); the engine's decode step at B=8, 32k (B=1 left out for the device time left); the device memory the first launches take.
