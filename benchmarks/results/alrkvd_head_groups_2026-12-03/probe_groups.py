@@ -8,7 +8,8 @@ alternated; splits from the dispatcher (whole waves of the programs that fit).
 BEFORE.py: the kernel before this change (`git show c1cea8a:kernels/alrkvd_attention.py > BEFORE.py`), run with its
 own defaults. GROUPED.py: the kernel with head slots (`git apply head_groups_not_kept.patch` on c1cea8a; default:
 this tree's). The variants of the grouped kernel set its launch: g<slots>-n<BLOCK_N>-w<warps>[-r<maxnreg>]; the
-VARIANTs named run (default: all).
+VARIANTs named run (default: all). The n* variants launch the per-head kernel (this tree's, at c1cea8a) with a
+fixed tile, warps and register cap, whatever the batch.
 Same data and timing as benchmarks/bench_attention.py; SDPA timed per shape in the same run."""
 import importlib.util, json, os, sys
 from pathlib import Path
@@ -32,6 +33,12 @@ VARIANTS = {  # name: this tree's launch (None: the module BEFORE.py with its de
     "g2-n64-w2": dict(SLOTS=2, BLOCK_N=64, num_warps=2),
     "g1-n64-w2-r168": dict(SLOTS=1, BLOCK_N=64, num_warps=2, maxnreg=168),
     "g4-n64-w4-r168": dict(SLOTS=4, BLOCK_N=64, num_warps=4, maxnreg=168),
+    # launches of the per-head kernel (this tree's, no GROUPED.py): n<BLOCK_N>-w<warps>[-r<maxnreg>]
+    "n64-w2-r168": dict(BLOCK_N=64, num_warps=2, maxnreg=168),
+    "n128-w2": dict(BLOCK_N=128, num_warps=2),
+    "n128-w2-r200": dict(BLOCK_N=128, num_warps=2, maxnreg=200),
+    "n128-w4": dict(BLOCK_N=128, num_warps=4),
+    "n128-w4-r160": dict(BLOCK_N=128, num_warps=4, maxnreg=160),
 }
 
 
