@@ -283,8 +283,7 @@ def bench_config(batch, length, variants, args, device, copy_bw, gen):
 TUNE_SPACE = {
     "paged_decode_stage1": [dict(BLOCK_N=n, num_warps=w, num_stages=st)
                             for n, w, st in [(32, 4, 2), (32, 8, 2), (64, 8, 2), (64, 8, 3), (128, 8, 2)]],
-    # one warp count at every batch (NUM_WARPS_MANY_PAIRS and MAXNREG_FEW_PAIRS are left out: section 2i measured
-    # register caps); MIN_TOKENS_PER_SPLIT 128 as the default
+    # one warp count at every batch (NUM_WARPS_MANY_PAIRS is left out); MIN_TOKENS_PER_SPLIT 128 as the default
     "alrkvd_decode_stage1": [dict(BLOCK_N=n, num_warps=w, num_stages=2, MIN_TOKENS_PER_SPLIT=128)
                              for n, w in [(32, 2), (64, 2), (32, 4), (64, 4), (128, 4), (64, 8), (128, 8)]],
 }

@@ -63,17 +63,15 @@ from kernels.paged_attention import (
 )
 from kernels.tuning import get_config
 
-# best over B=8 L=32k and B=1 L=4k on the H200 (bench_attention.py --tune-shapes 8x32768 1x4096, 2026-12-01);
 # MIN_TOKENS_PER_SPLIT: the shortest split, 128 against the paged kernel's 256 (B=1 L=4k: 19 against 24 us);
 # NUM_WARPS_MANY_PAIRS: the warps when batch x kv heads >= MANY_PAIRS, where long splits fill the GPU and more
 # programs per SM hide each tile's latency (B=8 L=32k: 694 against 786 us; B=1 L=4k: 22.6 against 19.7 us with
-# 2 warps; BENCHMARKS.md section 2d); MAXNREG_FEW_PAIRS: the 4-warp launch's registers capped at 160, so that
-# 3 programs fit on an SM instead of 2 (B=1 L=32k: 61 against 75 us; B=4 L=32k: 210 against 271 us; B=1 L=4k:
-# 16.6 against 16.3 us). MAXNREG_MANY_PAIRS: the 2-warp launch capped at 168 when rank_max <= 16, 6 programs per SM
-# instead of 4, its main loop still without spills (rank 16, B=8 L=4k: 47.0 against 52.9 us; B=32 L=32k: 1,003
-# against 1,015; B=8 L=32k and 128k the same; caps of 200 and 144 were 10-60% slower; BENCHMARKS.md section 2j).
-_DEFAULT_STAGE1 = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "MIN_TOKENS_PER_SPLIT": 128,
-                   "NUM_WARPS_MANY_PAIRS": 2, "MAXNREG_FEW_PAIRS": 160, "MAXNREG_MANY_PAIRS": 168}
+# 2 warps; BENCHMARKS.md section 2d). BLOCK_N: a whole block of 128 per tile, so that its basis is converted once,
+# not twice: 24% fewer instructions per token (sm_90), and on the H200 at rank 16 B=8 L=32k 216 against 265 us,
+# B=32 L=32k 793 against 1,008, B=1 L=4k 13.5 against 15.8, B=8 L=4k 56 against 47 (BENCHMARKS.md section 2k).
+# Register caps (160 at 4 warps, 168 at 2 with 64-token tiles, section 2j) were slower at 128-token tiles.
+_DEFAULT_STAGE1 = {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "MIN_TOKENS_PER_SPLIT": 128,
+                   "NUM_WARPS_MANY_PAIRS": 2}
 MANY_PAIRS = 64
 
 # The ALRKVDFormat options this kernel reads (and group = head_dim); other options take the PyTorch path. It reads
@@ -509,14 +507,8 @@ def _stage1_config(q, cache: AlrkvdLayer) -> dict:
                      f"head_dim={head_dim},group={group},block_size={cache.block_size},k_bits={cache.k_bits}",
                      q.device, _DEFAULT_STAGE1)
     many_pairs_warps = cfg.pop("NUM_WARPS_MANY_PAIRS", None)
-    cap_many, cap_few = cfg.pop("MAXNREG_MANY_PAIRS", None), cfg.pop("MAXNREG_FEW_PAIRS", None)
     if many_pairs_warps and batch * cache.num_kv_heads >= MANY_PAIRS:
-        # (at rank_max > 16 the capped main loop spills: sm_90, triton 3.9)
-        cfg["num_warps"], cap = many_pairs_warps, cap_many if cache.rank_max <= 16 else None
-    else:
-        cap = cap_few
-    if cap:
-        cfg.setdefault("maxnreg", cap)
+        cfg["num_warps"] = many_pairs_warps
     return cfg
 
 

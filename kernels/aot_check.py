@@ -72,10 +72,8 @@ def main() -> None:
     ] + [
         (f"alrkvd stage 1 (rank<={r}{', rotated keys' if rot else ''}, {w} warps)", alrkvd_attention._alrkvd_decode_stage1,
          alr_ptrs, {"qk_scale"}, dict(alr_common, BLOCK_N=cfg["BLOCK_N"], BLOCK_R=r, ROTATED_KEYS=rot),
-         dict(num_warps=w, num_stages=cfg["num_stages"], maxnreg=maxnreg))
-        for rot in (False, True) for r in (16, 64)
-        for w, maxnreg in ((cfg["num_warps"], cfg["MAXNREG_FEW_PAIRS"]),
-                           (cfg["NUM_WARPS_MANY_PAIRS"], cfg["MAXNREG_MANY_PAIRS"] if r <= 16 else None))
+         dict(num_warps=w, num_stages=cfg["num_stages"]))
+        for rot in (False, True) for r in (16, 64) for w in (cfg["num_warps"], cfg["NUM_WARPS_MANY_PAIRS"])
     ] + [
         ("kivi stage 1 (2 bits, D=128, G=4)", kivi_attention._kivi_decode_stage1,
          dict(Q="fp16", Block_tables="i32", Seq_lens="i32", Window_slots="i32", Window_k="fp16", Window_v="fp16",
