@@ -34,13 +34,20 @@ def _usage(compiled) -> str:
 
 def compile_one(fn, pointers: dict, floats: set, constexprs: dict, options: dict, target) -> str:
     """Compile `fn` for `target` with pointer element types `pointers`, fp32 scalars `floats`, i32 for
-    the other runtime arguments; returns cuobjdump's resource line and the dynamic shared memory."""
+    the other runtime arguments; returns cuobjdump's resource line and the dynamic shared memory. Pointers and
+    strides are marked multiples of 16, as the JIT finds torch's tensors and the served shapes' strides (but the
+    block table's and the ranks'); unmarked, the 2-warp ALR-KVD launch compiled to 32 registers and 8 KB of spill
+    stack, where the JIT's build has 255 and 1.3 KB."""
     sig = {}
     for p in fn.params:
         sig[p.name] = ("constexpr" if p.name in constexprs else "*" + pointers[p.name] if p.name in pointers
                        else "fp32" if p.name in floats else "i32")
     consts = {(fn.arg_names.index(name),): value for name, value in constexprs.items()}
-    return _usage(triton.compile(ASTSource(fn, sig, constexprs=consts), target=target, options=options))
+    aligned = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name, kind in sig.items()
+               if kind.startswith("*") or (name.startswith("stride") and kind == "i32"
+                                          and name not in ("stride_btb", "stride_rkn"))}
+    return _usage(triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=aligned), target=target,
+                                 options=options))
 
 
 def main() -> None:
@@ -59,9 +66,12 @@ def main() -> None:
                      Rot="fp32", Start_pos="i64", Cos="fp32", Sin="fp32", K_levels="fp32", K_edges="fp32", V_levels="fp32", V_edges="fp32", Search="fp32",
                      Latent="u8", Latent_scale="fp16", Latent_zero="fp16", K_resid="u8", K_rscale="fp16",
                      K_rzero="fp16", V_resid="u8", V_rscale="fp16", V_rzero="fp16")
-    alr_common = dict(NUM_KV_HEADS=8, GROUP=4, BLOCK_G=16, MERGE_G=4, MERGE_CHUNK=32, HEAD_DIM=128, BLOCK_SIZE=128,
-                      BLOCK_S=16, K_BITS=2, V_BITS=2, ASM=True)
     cfg = alrkvd_attention._DEFAULT_STAGE1
+    # the strides that are 1 in the cache's layout are constants for the JIT too (it specializes ints equal to 1);
+    # left as runtime ints, ptxas compiled the 2-warp launch to 32 registers and 7.7 KB of spill stack
+    alr_common = dict(NUM_KV_HEADS=8, GROUP=4, BLOCK_G=16, MERGE_G=4, MERGE_CHUNK=32, HEAD_DIM=128, BLOCK_SIZE=128,
+                      BLOCK_S=16, K_BITS=2, V_BITS=2, ASM=True, stride_lt=1, stride_kst=1, stride_vst=1,
+                      MIN_TILES=cfg["MIN_TOKENS_PER_SPLIT"] // cfg["BLOCK_N"])
     jobs = [
         ("paged stage 1 (D=128, G=4, page 16)", paged_attention._paged_decode_stage1, paged_ptrs, {"qk_scale"},
          dict(GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, PAGE_SIZE=16,
