@@ -285,7 +285,7 @@ TUNE_SPACE = {
                             for n, w, st in [(32, 4, 2), (32, 8, 2), (64, 8, 2), (64, 8, 3), (128, 8, 2)]],
     # one warp count at every batch (NUM_WARPS_MANY_PAIRS is left out); MIN_TOKENS_PER_SPLIT 128 as the default
     "alrkvd_decode_stage1": [dict(BLOCK_N=n, num_warps=w, num_stages=2, MIN_TOKENS_PER_SPLIT=128)
-                             for n, w in [(32, 2), (64, 2), (32, 4), (64, 4), (128, 4), (64, 8), (128, 8)]],
+                             for n, w in [(32, 2), (64, 2), (128, 2), (32, 4), (64, 4), (128, 4), (64, 8), (128, 8)]],
 }
 
 
