@@ -2,9 +2,9 @@
 # 128-token blocks per tile, no register caps) and the engine's decode step at B=8, 32k, fp16 against
 # rotated ALR-KVD.
 export PYTHONPATH=. ; D=benchmarks/results/alrkvd_head_groups_2026-12-03
-timeout 220 python benchmarks/bench_attention.py --no-tune --variants alrkvd-rot-r16 alrkvd-rot-r32 alrkvd-rot-r64 \
+timeout 130 python benchmarks/bench_attention.py --no-tune --variants alrkvd-rot-r16 alrkvd-rot-r32 alrkvd-rot-r64 \
     alrkvd-rot-mixed alrkvd-r16 --out $OUT/attention_table_n128_h200.json 2>&1 | grep -v "no tuned" \
     > $OUT/attention_table_n128.log
 grep -E "alrkvd-rot-r16|date" $OUT/attention_table_n128.log
-timeout 220 python benchmarks/bench_engine.py --gpu --models qwen3-30b-a3b --batches 8 --contexts 32768 \
+timeout 180 python benchmarks/bench_engine.py --gpu --models qwen3-30b-a3b --batches 8 --contexts 32768 \
     --kv-formats fp16,alrkvd-rotated --modes graphs --steps 20 --out $OUT/engine_e2e_h200.json 2>&1 | tail -8
