@@ -6,5 +6,5 @@ timeout 130 python benchmarks/bench_attention.py --no-tune --variants alrkvd-rot
     alrkvd-rot-mixed alrkvd-r16 --out $OUT/attention_table_n128_h200.json 2>&1 | grep -v "no tuned" \
     > $OUT/attention_table_n128.log
 grep -E "alrkvd-rot-r16|date" $OUT/attention_table_n128.log
-timeout 180 python benchmarks/bench_engine.py --gpu --models qwen3-30b-a3b --batches 8 --contexts 32768 \
+timeout 150 python benchmarks/bench_engine.py --gpu --models qwen3-30b-a3b --batches 8 --contexts 32768 \
     --kv-formats fp16,alrkvd-rotated --modes graphs --steps 20 --out $OUT/engine_e2e_h200.json 2>&1 | tail -8
