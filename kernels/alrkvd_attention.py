@@ -67,11 +67,13 @@ from kernels.tuning import get_config
 # NUM_WARPS_MANY_PAIRS: the warps when batch x kv heads >= MANY_PAIRS, where long splits fill the GPU and more
 # programs per SM hide each tile's latency (B=8 L=32k: 694 against 786 us; B=1 L=4k: 22.6 against 19.7 us with
 # 2 warps; BENCHMARKS.md section 2d). BLOCK_N: a whole block of 128 per tile, so that its basis is converted once,
-# not twice: 24% fewer instructions per token (sm_90), and on the H200 at rank 16 B=8 L=32k 216 against 265 us,
-# B=32 L=32k 793 against 1,008, B=1 L=4k 13.5 against 15.8, B=8 L=4k 56 against 47 (BENCHMARKS.md section 2k).
-# Register caps (160 at 4 warps, 168 at 2 with 64-token tiles, section 2j) were slower at 128-token tiles.
+# not twice: 24% fewer instructions per token (sm_90); on the H200, rotated keys at rank 16, B=8 L=32k 214 against
+# 265 us, B=32 L=32k 795 against 1,007, B=1 L=4k 13.6 against 15.8, but B=8 L=4k 55 against 47; faster at B=1 at
+# every rank. BLOCK_N_MANY_PAIRS_HEAVY: the tile of the 2-warp launch for the heavier loops (rank_max > 32, or
+# post_rope's rebuilt keys), which were 5-14% slower at 128 from B=8 up (BENCHMARKS.md section 2l). Register caps (160 at 4 warps, 168 at 2
+# with 64-token tiles, section 2j) were slower at 128-token tiles and cost post_rope's 2-warp loop spills.
 _DEFAULT_STAGE1 = {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "MIN_TOKENS_PER_SPLIT": 128,
-                   "NUM_WARPS_MANY_PAIRS": 2}
+                   "NUM_WARPS_MANY_PAIRS": 2, "BLOCK_N_MANY_PAIRS_HEAVY": 64}
 MANY_PAIRS = 64
 
 # The ALRKVDFormat options this kernel reads (and group = head_dim); other options take the PyTorch path. It reads
@@ -506,9 +508,19 @@ def _stage1_config(q, cache: AlrkvdLayer) -> dict:
     cfg = get_config("alrkvd_decode_stage1",
                      f"head_dim={head_dim},group={group},block_size={cache.block_size},k_bits={cache.k_bits}",
                      q.device, _DEFAULT_STAGE1)
+    return launch_config(cfg, batch * cache.num_kv_heads >= MANY_PAIRS, cache.rank_max, cache.rotated_keys)
+
+
+def launch_config(cfg: dict, many_pairs: bool, rank_max: int, rotated_keys: bool) -> dict:
+    """The launch a `_DEFAULT_STAGE1`-style config gives: its *_MANY_PAIRS entries applied from MANY_PAIRS
+    (sequence, kv head) pairs up, and dropped."""
+    cfg = dict(cfg)
     many_pairs_warps = cfg.pop("NUM_WARPS_MANY_PAIRS", None)
-    if many_pairs_warps and batch * cache.num_kv_heads >= MANY_PAIRS:
+    heavy_tile = cfg.pop("BLOCK_N_MANY_PAIRS_HEAVY", None)
+    if many_pairs and many_pairs_warps:
         cfg["num_warps"] = many_pairs_warps
+        if heavy_tile and (rank_max > 32 or not rotated_keys):
+            cfg["BLOCK_N"] = heavy_tile
     return cfg
 
 

@@ -70,8 +70,9 @@ def main() -> None:
     # the strides that are 1 in the cache's layout are constants for the JIT too (it specializes ints equal to 1);
     # left as runtime ints, ptxas compiled the 2-warp launch to 32 registers and 7.7 KB of spill stack
     alr_common = dict(NUM_KV_HEADS=8, GROUP=4, BLOCK_G=16, MERGE_G=4, MERGE_CHUNK=32, HEAD_DIM=128, BLOCK_SIZE=128,
-                      BLOCK_S=16, K_BITS=2, V_BITS=2, ASM=True, stride_lt=1, stride_kst=1, stride_vst=1,
-                      MIN_TILES=cfg["MIN_TOKENS_PER_SPLIT"] // cfg["BLOCK_N"])
+                      BLOCK_S=16, K_BITS=2, V_BITS=2, ASM=True, stride_lt=1, stride_kst=1, stride_vst=1)
+    alr_launches = [(rot, r, alrkvd_attention.launch_config(cfg, many, r, rot))
+                    for rot in (False, True) for r in (16, 64) for many in (False, True)]
     jobs = [
         ("paged stage 1 (D=128, G=4, page 16)", paged_attention._paged_decode_stage1, paged_ptrs, {"qk_scale"},
          dict(GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, PAGE_SIZE=16,
@@ -80,10 +81,12 @@ def main() -> None:
         ("decode reduce (D=128)", paged_attention._decode_reduce_stage2, dict(Mid_o="fp32", Mid_lse="fp32", Out="fp16"),
          set(), dict(BLOCK_P=16, HEAD_DIM=128, BLOCK_D=128), dict(num_warps=1)),
     ] + [
-        (f"alrkvd stage 1 (rank<={r}{', rotated keys' if rot else ''}, {w} warps)", alrkvd_attention._alrkvd_decode_stage1,
-         alr_ptrs, {"qk_scale"}, dict(alr_common, BLOCK_N=cfg["BLOCK_N"], BLOCK_R=r, ROTATED_KEYS=rot),
-         dict(num_warps=w, num_stages=cfg["num_stages"]))
-        for rot in (False, True) for r in (16, 64) for w in (cfg["num_warps"], cfg["NUM_WARPS_MANY_PAIRS"])
+        (f"alrkvd stage 1 (rank<={r}{', rotated keys' if rot else ''}, {c['num_warps']} warps, tile {c['BLOCK_N']})",
+         alrkvd_attention._alrkvd_decode_stage1, alr_ptrs, {"qk_scale"},
+         dict(alr_common, BLOCK_N=c["BLOCK_N"], BLOCK_R=r, ROTATED_KEYS=rot,
+              MIN_TILES=c["MIN_TOKENS_PER_SPLIT"] // c["BLOCK_N"]),
+         dict(num_warps=c["num_warps"], num_stages=c["num_stages"]))
+        for rot, r, c in alr_launches
     ] + [
         ("kivi stage 1 (2 bits, D=128, G=4)", kivi_attention._kivi_decode_stage1,
          dict(Q="fp16", Block_tables="i32", Seq_lens="i32", Window_slots="i32", Window_k="fp16", Window_v="fp16",
