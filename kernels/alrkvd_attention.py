@@ -70,8 +70,9 @@ from kernels.tuning import get_config
 # not twice: 24% fewer instructions per token (sm_90); on the H200, rotated keys at rank 16, B=8 L=32k 214 against
 # 265 us, B=32 L=32k 795 against 1,007, B=1 L=4k 13.6 against 15.8, but B=8 L=4k 55 against 47; faster at B=1 at
 # every rank. BLOCK_N_MANY_PAIRS_HEAVY: the tile of the 2-warp launch for the heavier loops (rank_max > 32, or
-# post_rope's rebuilt keys), which were 5-14% slower at 128 from B=8 up (BENCHMARKS.md section 2l). Register caps (160 at 4 warps, 168 at 2
-# with 64-token tiles, section 2j) were slower at 128-token tiles and cost post_rope's 2-warp loop spills.
+# post_rope's rebuilt keys), which were 5-14% slower at 128 from B=8 up (BENCHMARKS.md section 2l). Register caps
+# (160 at 4 warps, 168 at 2 with 64-token tiles, section 2j) were slower at 128-token tiles, and the 168 cap made
+# post_rope's 2-warp loop spill.
 _DEFAULT_STAGE1 = {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "MIN_TOKENS_PER_SPLIT": 128,
                    "NUM_WARPS_MANY_PAIRS": 2, "BLOCK_N_MANY_PAIRS_HEAVY": 64}
 MANY_PAIRS = 64

@@ -67,8 +67,7 @@ def main() -> None:
                      Latent="u8", Latent_scale="fp16", Latent_zero="fp16", K_resid="u8", K_rscale="fp16",
                      K_rzero="fp16", V_resid="u8", V_rscale="fp16", V_rzero="fp16")
     cfg = alrkvd_attention._DEFAULT_STAGE1
-    # the strides that are 1 in the cache's layout are constants for the JIT too (it specializes ints equal to 1);
-    # left as runtime ints, ptxas compiled the 2-warp launch to 32 registers and 7.7 KB of spill stack
+    # the strides that are 1 in the cache's layout are constants for the JIT too (it specializes ints equal to 1)
     alr_common = dict(NUM_KV_HEADS=8, GROUP=4, BLOCK_G=16, MERGE_G=4, MERGE_CHUNK=32, HEAD_DIM=128, BLOCK_SIZE=128,
                       BLOCK_S=16, K_BITS=2, V_BITS=2, ASM=True, stride_lt=1, stride_kst=1, stride_vst=1)
     alr_launches = [(rot, r, alrkvd_attention.launch_config(cfg, many, r, rot))
