@@ -1,5 +1,6 @@
-# Device call 4 (from the repository root; this commit's tree): issue 4's table with the kernel's new launch (whole
-# 128-token blocks per tile, no register caps) and the engine's decode step at B=8, 32k, fp16 against
+# Device call 4 (from the repository root; ran on the tree of commit 45563d2): issue 4's table with the kernel's new
+# launch (whole 128-token blocks per tile at every launch, no register caps; the later rule that keeps 64-token tiles
+# for the 2-warp launch's heavier loops was not run) and the engine's decode step at B=8, 32k, fp16 against
 # rotated ALR-KVD.
 export PYTHONPATH=. ; D=benchmarks/results/alrkvd_head_groups_2026-12-03
 timeout 130 python benchmarks/bench_attention.py --no-tune --variants alrkvd-rot-r16 alrkvd-rot-r32 alrkvd-rot-r64 \

@@ -1,4 +1,4 @@
-# Device call 3 (from the repository root; the tree of this commit, whose kernel is c1cea8a's): the per-head kernel
+# Device call 3 (from the repository root; ran on the tree of commit c718ff4, whose kernel is c1cea8a's): the per-head kernel
 # at 128-token tiles (the basis converted once per block of 128 instead of twice; 38 SASS instructions per warp per
 # (token, kv head) at 2 warps against 50 at 64-token tiles, CPU compile for sm_90), against its launch now; then
 # issue 4's table with the launch as it stands (scales one tile ahead, biased codes unpacked by inline PTX, the

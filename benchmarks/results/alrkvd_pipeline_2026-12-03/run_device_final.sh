@@ -1,5 +1,6 @@
 # NOT RUN: the H200 could not be started again in the session's device time (2026-12-03). Meant for the tree of commit
-# 100bae1 or later (the kernel has not changed since).
+# 100bae1 or later. Its table ran in the next session on the same kernel (c1cea8a):
+# benchmarks/results/alrkvd_head_groups_2026-12-03/run_device_tiles.sh.
 # Device call 5 (from the repository root): issue 4's table with this session's final
 # kernel (scales one tile ahead, biased codes unpacked by inline PTX, the 2-warp launch capped at 168 registers at
 # rank <= 16); the engine's decode step at B=8, 32k (B=1 left out for the device time left); the device memory the first launches take.
