@@ -57,6 +57,7 @@ usage = subprocess.run([bindir + "/cuobjdump", "--dump-resource-usage", f.name],
 sass = subprocess.run([bindir + "/cuobjdump", "-sass", f.name], capture_output=True, text=True).stdout
 open('last.sass', 'w').write(sass)
 open('last.ttgir', 'w').write(c.asm["ttgir"])
+open('last.cubin', 'wb').write(c.asm["cubin"])  # for sass_lines.py (benchmarks/results/alrkvd_head_groups_2026-12-03/)
 lines = [l for l in sass.splitlines() if re.match(r'\s+/\*[0-9a-f]{4,}\*/', l)]
 ops = collections.Counter()
 mem = collections.Counter()
