@@ -1,0 +1,113 @@
+"""A/B timing of the ALR-KVD decode kernel on the GPU: this tree's kernel, under launch overrides, against the same
+kernel from another file (an earlier commit's), each arm twice and alternated, FP16 SDPA timed per shape in the same
+run. Same data, timing and check as bench_attention.py.
+
+    python benchmarks/compare_kernels.py --out OUT.json --before BEFORE.py \
+        --arms before now n64:BLOCK_N=64 --shapes 8x32768 1x4096 [--variant alrkvd-rot-r16]
+
+Arms: `before` is BEFORE.py with its own launch (`git show REV:kernels/alrkvd_attention.py > BEFORE.py`; its imports
+from kernels.* resolve to this tree); `now` is this tree's kernel as it launches; `NAME:KEY=INT,...` is this tree's
+kernel with those keys of `_DEFAULT_STAGE1` replaced (BLOCK_N, num_warps, maxnreg, ...), whatever the batch.
+The check against the PyTorch reference runs in the first round where B * L <= --check-tokens.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from benchmarks import bench_attention as ba  # noqa: E402
+import kernels.alrkvd_attention as now  # noqa: E402
+import kernels.paged_attention as paged  # noqa: E402
+
+
+def load_module(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = sys.modules[name] = importlib.util.module_from_spec(spec)  # (its dataclass looks itself up there)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def parse_arm(text: str) -> tuple[str, dict | None]:
+    """'before' -> (before, None); 'now' -> (now, {}); 'n64:BLOCK_N=64,num_warps=2' -> (n64, {...})."""
+    name, _, overrides = text.partition(":")
+    if name == "before":
+        return name, None
+    return name, {k: int(v) for k, v in (kv.split("=") for kv in overrides.split(",") if kv)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--before", help="the kernel module file of arm `before`")
+    p.add_argument("--arms", nargs="+", default=["before", "now"])
+    p.add_argument("--shapes", nargs="+", default=["8x32768", "32x32768", "8x131072", "8x4096", "1x4096", "1x32768"],
+                   metavar="BxL")
+    p.add_argument("--variant", default="alrkvd-rot-r16", choices=list(ba.VARIANTS))
+    p.add_argument("--check-tokens", type=int, default=32768)
+    args = p.parse_args(argv)
+    arms = dict(map(parse_arm, args.arms))
+    before = load_module("alrkvd_before", args.before) if "before" in arms else None
+    dev, gen = "cuda", torch.Generator().manual_seed(0)
+    H, Hq, D, T = ba.NUM_KV_HEADS, ba.NUM_Q_HEADS, ba.HEAD_DIM, ba.ALRKVD_BLOCK
+    scale, rows = D ** -0.5, []
+    default_cfg = dict(now._DEFAULT_STAGE1)
+    shapes = [tuple(map(int, s.split("x"))) for s in args.shapes]
+    for B, L in shapes:
+        kv_bytes = 2 * B * H * L * D * 2
+        data = [(torch.randn(B, Hq, 1, D, device=dev, dtype=torch.float16),
+                 torch.randn(B, H, L, D, device=dev, dtype=torch.float16),
+                 torch.randn(B, H, L, D, device=dev, dtype=torch.float16)) for _ in range(ba.num_copies(kv_bytes, dev))]
+        sdpa = ba.time_calls([ba.sdpa_call(*d) for d in data], dev) * 1e6
+        del data
+        torch.cuda.empty_cache()
+        make = lambda: ba.make_alrkvd(B, L, H, D, T, *ba.VARIANTS[args.variant], dev, gen)  # noqa: E731
+        first, nbytes = make()
+        layers = [first] + [make()[0] for _ in range(ba.num_copies(nbytes, dev) - 1)]
+        q = torch.randn(B, Hq, D, device=dev, dtype=torch.float16)
+        for rep in (1, 2):
+            for name, overrides in arms.items():
+                mod = before if overrides is None else now
+                now._DEFAULT_STAGE1.clear()
+                now._DEFAULT_STAGE1.update(default_cfg, **(overrides or {}))
+                paged._RESIDENT.clear()
+                try:
+                    err = ba.check_decode_kernel(mod.alrkvd_decode_attention, now.alrkvd_decode_attention_ref, q,
+                                                 scale, **first)[1] if rep == 1 and B * L <= args.check_tokens else {}
+                    us = ba.time_calls([lambda kw=kw: mod.alrkvd_decode_attention(q, scale=scale, **kw)
+                                        for kw in layers], dev) * 1e6
+                except Exception as exc:  # noqa: BLE001 - an arm that does not compile is reported, not fatal
+                    print(f"{B:>3} {L:>7} {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                    continue
+                resident = sorted(set(paged._RESIDENT.values()))
+                rows.append(dict(B=B, L=L, rep=rep, arm=name, us=us, sdpa_us=sdpa, vs_sdpa=sdpa / us,
+                                 bytes=nbytes, resident=resident, **err))
+                print(f"{B:>3} {L:>7} {rep} {name:<14} resident {resident} {us:9.1f} us  vs sdpa {sdpa / us:.2f} "
+                      f"{err.get('check_ok', '')}", flush=True)
+        del layers, first
+        torch.cuda.empty_cache()
+    now._DEFAULT_STAGE1.clear()
+    now._DEFAULT_STAGE1.update(default_cfg)
+    Path(args.out).write_text(json.dumps(dict(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        device=torch.cuda.get_device_name(), triton=__import__("triton").__version__, torch=torch.__version__,
+        variant=args.variant, arms=args.arms, before=args.before, rows=rows), indent=1))
+    print(f"\nus (best of two), {args.variant}")
+    print(f"{'B':>3} {'L':>7} {'sdpa':>8} " + " ".join(f"{n:>14}" for n in arms))
+    for B, L in shapes:
+        cells = [min((r["us"] for r in rows if (r["B"], r["L"], r["arm"]) == (B, L, n)), default=float("nan"))
+                 for n in arms]
+        sd = next((r["sdpa_us"] for r in rows if (r["B"], r["L"]) == (B, L)), float("nan"))
+        print(f"{B:>3} {L:>7} {sd:8.1f} " + " ".join(f"{c:14.1f}" for c in cells))
+    return 1 if any(r.get("check_ok") is False for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
