@@ -58,7 +58,7 @@ import triton
 import triton.language as tl
 
 from kernels.paged_attention import (
-    LOG2E, MIN_TOKENS_PER_SPLIT, _group_block, attend_ref, check_decode_inputs, decode_tickets, fp16_code,
+    LOG2E, MIN_TOKENS_PER_SPLIT, attend_ref, check_decode_inputs, decode_tickets, fp16_code,
     merge_chunk, merge_if_last, softmax_update, store_partial, windowed_num_splits,
 )
 from kernels.tuning import get_config
@@ -492,7 +492,7 @@ def _alrkvd_decode_stage1(
             store_partial(o_row, lse_row, acc3 * 0.015625, m_i, l_i, heads, 3 * NV + offs_vc, mask_g, all_vc,
                           stride_moh, stride_mlh)
 
-    merge_g = tl.arange(0, MERGE_G)  # the merge has no tl.dot: the group unpadded
+    merge_g = tl.arange(0, MERGE_G)
     merge_if_last(Tickets + pid_b * NUM_KV_HEADS + pid_kvh, num_splits + 1, busy + 1, Mid_o + pid_b * stride_mob,
                   Mid_lse + pid_b * stride_mlb, Out + pid_b * stride_ob, pid_kvh * GROUP + merge_g, merge_g < GROUP,
                   offs_d, offs_d < HEAD_DIM, stride_moh, stride_mos, stride_mlh, stride_oh, MERGE_G, HEAD_DIM,
@@ -557,7 +557,8 @@ def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
-        NUM_KV_HEADS=num_kv_heads, GROUP=group, BLOCK_G=_group_block(group),
+        NUM_KV_HEADS=num_kv_heads, GROUP=group,
+        BLOCK_G=triton.next_power_of_2(group),  # not 16: tl.dot pads M itself, elementwise work stays 4 rows
         MERGE_G=triton.next_power_of_2(group), MERGE_CHUNK=merge_chunk(group, head_dim, cfg["num_warps"]),
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n,

@@ -68,13 +68,13 @@ def main() -> None:
                      K_rzero="fp16", V_resid="u8", V_rscale="fp16", V_rzero="fp16")
     cfg = alrkvd_attention._DEFAULT_STAGE1
     # the strides that are 1 in the cache's layout are constants for the JIT too (it specializes ints equal to 1)
-    alr_common = dict(NUM_KV_HEADS=8, GROUP=4, BLOCK_G=paged_attention._group_block(4), MERGE_G=4, MERGE_CHUNK=32, HEAD_DIM=128, BLOCK_SIZE=128,
+    alr_common = dict(NUM_KV_HEADS=8, GROUP=4, BLOCK_G=4, MERGE_G=4, MERGE_CHUNK=32, HEAD_DIM=128, BLOCK_SIZE=128,
                       BLOCK_S=16, K_BITS=2, V_BITS=2, ASM=True, stride_lt=1, stride_kst=1, stride_vst=1)
     alr_launches = [(rot, r, alrkvd_attention.launch_config(cfg, many, r, rot))
                     for rot in (False, True) for r in (16, 64) for many in (False, True)]
     jobs = [
         ("paged stage 1 (D=128, G=4, page 16)", paged_attention._paged_decode_stage1, paged_ptrs, {"qk_scale"},
-         dict(GROUP=4, BLOCK_G=paged_attention._group_block(4), HEAD_DIM=128, BLOCK_D=128, PAGE_SIZE=16,
+         dict(GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, PAGE_SIZE=16,
               BLOCK_N=paged_attention._DEFAULT_STAGE1["BLOCK_N"], DOT_DTYPE=f16, DOT_PRECISION="tf32"),
          {k: v for k, v in paged_attention._DEFAULT_STAGE1.items() if k != "BLOCK_N"}),
         ("decode reduce (D=128)", paged_attention._decode_reduce_stage2, dict(Mid_o="fp32", Mid_lse="fp32", Out="fp16"),
@@ -91,7 +91,7 @@ def main() -> None:
          dict(Q="fp16", Block_tables="i32", Seq_lens="i32", Window_slots="i32", Window_k="fp16", Window_v="fp16",
               K_codes="u8", K_scale="fp16", K_zero="fp16", V_codes="u8", V_scale="fp16", V_zero="fp16",
               Mid_o="fp32", Mid_lse="fp32"), {"qk_scale"},
-         dict(GROUP_Q=4, BLOCK_G=paged_attention._group_block(4), HEAD_DIM=128, BLOCK_SIZE=128, BITS=2),
+         dict(GROUP_Q=4, BLOCK_G=4, HEAD_DIM=128, BLOCK_SIZE=128, BITS=2),
          {k: v for k, v in kivi_attention._DEFAULT_STAGE1.items() if k != "MIN_TOKENS_PER_SPLIT"}),
     ] + [
         ("alrkvd compress (T=128, D=128)", alrkvd_compress._alrkvd_compress_kernel, comp_ptrs, set(),

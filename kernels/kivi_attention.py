@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from kernels.paged_attention import (
-    LOG2E, MIN_TOKENS_PER_SPLIT, _group_block, attend_ref, check_decode_inputs, decode_reduce, fp16_code,
+    LOG2E, MIN_TOKENS_PER_SPLIT, attend_ref, check_decode_inputs, decode_reduce, fp16_code,
     softmax_update, store_partial, windowed_num_splits,
 )
 from kernels.tuning import get_config
@@ -225,7 +225,8 @@ def _kivi_stage1(q, cache: KiviLayer, window_k, window_v, block_tables, seq_lens
         cache.v_codes.stride(0), cache.v_codes.stride(1), cache.v_codes.stride(2),
         cache.v_scale.stride(0), cache.v_scale.stride(1), cache.v_scale.stride(2),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        GROUP_Q=group, BLOCK_G=_group_block(group), HEAD_DIM=head_dim, BLOCK_SIZE=cache.block_size, BITS=cache.bits,
+        GROUP_Q=group, BLOCK_G=triton.next_power_of_2(group),
+        HEAD_DIM=head_dim, BLOCK_SIZE=cache.block_size, BITS=cache.bits,
         **cfg,
     )
 

@@ -282,7 +282,7 @@ def dot_dtype(dtype: torch.dtype, device: torch.device):
 
 
 def _group_block(group: int) -> int:
-    return triton.next_power_of_2(group)
+    return max(16, triton.next_power_of_2(group))
 
 
 def _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o, mid_lse):
