@@ -418,8 +418,11 @@ def _alrkvd_decode_stage1(
                 #    bit pattern); the basis scale, the latents' scale and zero come off the [G, R] matrix q B^T
                 qb = tl.dot(q1, tl.trans(_s8_code(bk1))) + tl.dot(q2, tl.trans(_s8_code(bk2)))
                 qb *= bk_s.to(tl.float32)[None, :]
-                s_low = tl.dot((qb * lk_s.to(tl.float32)[None, :]).to(tl.float16), tl.trans(fp16_code(lk.to(tl.int16))))
-                s_low += tl.sum(qb * lk_z.to(tl.float32)[None, :], 1)[:, None]
+                # the latent codes centred (code - 128, exact in fp16): the fp16 rounding of q B^T * scale then
+                # moves the scores by about half what it did against codes 0..255 (test_gqa_and_ranks, group 8)
+                s_low = tl.dot((qb * lk_s.to(tl.float32)[None, :]).to(tl.float16),
+                               tl.trans(_fp16_bits(lk.to(tl.int16)) - 1152.0))
+                s_low += tl.sum(qb * (lk_z.to(tl.float32) + 128.0 * lk_s.to(tl.float32))[None, :], 1)[:, None]
             else:
                 bk1 = bk1 * bk_s.to(tl.float32)[:, None]
                 bk2 = bk2 * bk_s.to(tl.float32)[:, None]

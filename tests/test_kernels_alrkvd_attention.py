@@ -102,7 +102,7 @@ def test_caller_tickets_are_reset_for_the_next_call(monkeypatch):
     torch.testing.assert_close(alrkvd_decode_attention(q, scale=scale, num_splits=37, **case), first, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("group", [1, 3, 4])
+@pytest.mark.parametrize("group", [1, 3, 4, 8])  # 8: Qwen3-30B-A3B's 32 query / 4 kv heads (dots of 1 to 8 rows)
 @pytest.mark.parametrize("rank_per_head", [2.0, 8.0])
 def test_gqa_and_ranks(group, rank_per_head):
     # odd lengths: window only, blocks + partial window, blocks exactly (the last one read from the window)
@@ -111,7 +111,7 @@ def test_gqa_and_ranks(group, rank_per_head):
     _check(q, case, num_splits=2)
 
 
-@pytest.mark.parametrize("group", [1, 3, 4])
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
 def test_post_rope_keys(group):
     # key_frame=post_rope (the kernel's default is rotated): low-rank keys rebuilt and rotated per token in the loop
     q, case = _random_case([5, 2 * 32 + 17, 3 * 32], num_kv_heads=2, gqa=group, head_dim=64, block_size=32,

@@ -86,7 +86,7 @@ def test_kernel_refuses_other_layouts(fmt, opts):
 
 
 @pytest.mark.parametrize("bits,head_dim", [(2, 128), (4, 64), (4, 128)])
-@pytest.mark.parametrize("gqa", [1, 3, 4])
+@pytest.mark.parametrize("gqa", [1, 3, 4, 8])
 def test_matches_reference(bits, head_dim, gqa):
     # window only, blocks + partial window, blocks exactly (the last block read from the window), longer
     q, case = _random_case([5, 128 + 37, 2 * 128, 3 * 128 + 1], num_kv_heads=2, gqa=gqa, head_dim=head_dim,
