@@ -2,6 +2,7 @@
 # key scores, for large queries (test_gqa_and_ranks at group 8 failed its budget with one fp16 rounding: 0.297 against
 # 0.268); the kernel tests compiled (groups 1, 3, 4 and 8), then the A/B against the kernel of 0c5be4f
 # (alrkvd_attention_4rows.py), rank 16 rotated keys.
+# (the snapshot is not kept in the repository: git show 0c5be4f:kernels/alrkvd_attention.py > $D/alrkvd_attention_4rows.py)
 export PYTHONPATH=. ; D=benchmarks/results/alrkvd_query_rows_2026-12-03
 timeout 100 python -m pytest -q -x tests/test_kernels_alrkvd_attention.py 2>&1 | tail -2 | tee $OUT/kernel_tests_hilo.log
 timeout 100 python benchmarks/compare_kernels.py --out $OUT/probe_hilo.json --before $D/alrkvd_attention_4rows.py \

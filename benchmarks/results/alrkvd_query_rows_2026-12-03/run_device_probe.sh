@@ -3,7 +3,8 @@
 # and 4: dots of 1 and 4 rows), then the A/B probe, rank 16 rotated keys (before = the kernel of 96677b2 with its
 # padding to 16: alrkvd_attention_before.py is `git show 96677b2:kernels/alrkvd_attention.py` with BLOCK_G =
 # max(16, next_power_of_2(group)) written out, since it imports the padding from kernels/paged_attention.py),
-# then issue 4's table and the engine's decode step at 32k.
+# then issue 4's table and the engine's decode step at 32k. The snapshot is not kept in the repository; before a rerun:
+#   git show 96677b2:kernels/alrkvd_attention.py | sed 's/BLOCK_G=_group_block(group)/BLOCK_G=max(16, triton.next_power_of_2(group))/' > $D/alrkvd_attention_before.py
 export PYTHONPATH=. ; D=benchmarks/results/alrkvd_query_rows_2026-12-03
 timeout 110 python -m pytest -q -x tests/test_kernels_alrkvd_attention.py tests/test_kernels_paged_attention.py \
     tests/test_kernels_kivi_attention.py 2>&1 | tail -3 | tee $OUT/kernel_tests.log

@@ -2,6 +2,7 @@
 # softmax's row sum reused for the latents' zero (2,101 -> 2,058 instructions per tile, CPU compile) against the kernel
 # of 0c5be4f (alrkvd_attention_4rows.py, `git show 0c5be4f:kernels/alrkvd_attention.py`); then the compression
 # kernel's registers on the H200 (benchmarks/results/alrkvd_compress_regs_2026-12-03/).
+# (the snapshot is not kept in the repository: git show 0c5be4f:kernels/alrkvd_attention.py > $D/alrkvd_attention_4rows.py)
 export PYTHONPATH=. ; D=benchmarks/results/alrkvd_query_rows_2026-12-03
 for v in alrkvd-rot-r16 alrkvd-r16; do
   timeout 100 python benchmarks/compare_kernels.py --out $OUT/probe_scale_$v.json --variant $v \
