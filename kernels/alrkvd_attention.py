@@ -561,7 +561,7 @@ def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_
         mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
         NUM_KV_HEADS=num_kv_heads, GROUP=group,
-        BLOCK_G=triton.next_power_of_2(group),  # not 16: tl.dot pads M itself, elementwise work stays 4 rows
+        BLOCK_G=triton.next_power_of_2(group),  # not 16: tl.dot pads M itself, the tiles keep G rows
         MERGE_G=triton.next_power_of_2(group), MERGE_CHUNK=merge_chunk(group, head_dim, cfg["num_warps"]),
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n,
