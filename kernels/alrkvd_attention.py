@@ -264,7 +264,7 @@ def _alrkvd_decode_stage1(
     stride_ob, stride_oh,
     # Meta-parameters
     NUM_KV_HEADS: tl.constexpr,
-    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, MERGE_G: tl.constexpr, MERGE_CHUNK: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, MERGE_CHUNK: tl.constexpr,
     HEAD_DIM: tl.constexpr,  # a power of two
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block (T)
     BLOCK_N: tl.constexpr,  # tokens per tile, divides BLOCK_SIZE
@@ -495,10 +495,9 @@ def _alrkvd_decode_stage1(
             store_partial(o_row, lse_row, acc3 * 0.015625, m_i, l_i, heads, 3 * NV + offs_vc, mask_g, all_vc,
                           stride_moh, stride_mlh)
 
-    merge_g = tl.arange(0, MERGE_G)
     merge_if_last(Tickets + pid_b * NUM_KV_HEADS + pid_kvh, num_splits + 1, busy + 1, Mid_o + pid_b * stride_mob,
-                  Mid_lse + pid_b * stride_mlb, Out + pid_b * stride_ob, pid_kvh * GROUP + merge_g, merge_g < GROUP,
-                  offs_d, offs_d < HEAD_DIM, stride_moh, stride_mos, stride_mlh, stride_oh, MERGE_G, HEAD_DIM,
+                  Mid_lse + pid_b * stride_mlb, Out + pid_b * stride_ob, heads, mask_g,
+                  offs_d, offs_d < HEAD_DIM, stride_moh, stride_mos, stride_mlh, stride_oh, BLOCK_G, HEAD_DIM,
                   MERGE_CHUNK)
 
 
@@ -562,7 +561,7 @@ def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_
         out.stride(0), out.stride(1),
         NUM_KV_HEADS=num_kv_heads, GROUP=group,
         BLOCK_G=triton.next_power_of_2(group),  # not 16: tl.dot pads M itself, the tiles keep G rows
-        MERGE_G=triton.next_power_of_2(group), MERGE_CHUNK=merge_chunk(group, head_dim, cfg["num_warps"]),
+        MERGE_CHUNK=merge_chunk(group, head_dim, cfg["num_warps"]),
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n,
         BLOCK_R=max(16, triton.next_power_of_2(cache.rank_max)),
