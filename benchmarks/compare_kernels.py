@@ -35,6 +35,19 @@ def load_module(name: str, path: str):
     return mod
 
 
+def stage1_builds(mod) -> set:
+    """(warps, registers, spilled bytes, shared memory) of each build of `mod`'s stage 1 in Triton's cache."""
+    builds = set()
+    try:  # Triton's cache layout is not an API: report nothing rather than fail
+        for cache in mod._alrkvd_decode_stage1.device_caches.values():
+            for kernel in cache[0].values():
+                kernel._init_handles()
+                builds.add((kernel.metadata.num_warps, kernel.n_regs, kernel.n_spills, kernel.metadata.shared))
+    except (AttributeError, IndexError, TypeError):
+        pass
+    return builds
+
+
 def parse_arm(text: str) -> tuple[str, dict | None]:
     """'before' -> (before, None); 'now' -> (now, {}); 'n64:BLOCK_N=64,num_warps=2' -> (n64, {...})."""
     name, _, overrides = text.partition(":")
@@ -78,6 +91,7 @@ def main(argv=None) -> int:
                 now._DEFAULT_STAGE1.clear()
                 now._DEFAULT_STAGE1.update(default_cfg, **(overrides or {}))
                 paged._RESIDENT.clear()
+                known = stage1_builds(mod)
                 try:
                     err = ba.check_decode_kernel(mod.alrkvd_decode_attention, now.alrkvd_decode_attention_ref, q,
                                                  scale, **first)[1] if rep == 1 and B * L <= args.check_tokens else {}
@@ -87,10 +101,11 @@ def main(argv=None) -> int:
                     print(f"{B:>3} {L:>7} {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                     continue
                 resident = sorted(set(paged._RESIDENT.values()))
+                builds = sorted(stage1_builds(mod) - known)  # (warps, registers, spills, shared) of new builds
                 rows.append(dict(B=B, L=L, rep=rep, arm=name, us=us, sdpa_us=sdpa, vs_sdpa=sdpa / us,
-                                 bytes=nbytes, resident=resident, **err))
+                                 bytes=nbytes, resident=resident, builds=builds, **err))
                 print(f"{B:>3} {L:>7} {rep} {name:<14} resident {resident} {us:9.1f} us  vs sdpa {sdpa / us:.2f} "
-                      f"{err.get('check_ok', '')}", flush=True)
+                      f"{err.get('check_ok', '')} {builds or ''}", flush=True)
         del layers, first
         torch.cuda.empty_cache()
     now._DEFAULT_STAGE1.clear()

@@ -58,7 +58,7 @@ import triton
 import triton.language as tl
 
 from kernels.paged_attention import (
-    LOG2E, MIN_TOKENS_PER_SPLIT, attend_ref, check_decode_inputs, decode_tickets, fp16_code,
+    LOG2E, MIN_TOKENS_PER_SPLIT, attend_ref, check_decode_inputs, decode_tickets,
     merge_chunk, merge_if_last, softmax_update, store_partial, windowed_num_splits,
 )
 from kernels.tuning import get_config
@@ -190,17 +190,35 @@ def _code_runs(b, BITS: tl.constexpr, ASM: tl.constexpr):
         return (_fp16_bits(x),)
 
 
+def _bytes_ptx(signed: bool) -> tl.constexpr:
+    """PTX for `_byte_code`: 4 bytes in, two fp16 registers out (lop3 immediate 0x6a: (a & b) ^ c)."""
+    bits = "0x64806480" if signed else "0x64006400"
+    return tl.constexpr("{ .reg .b32 lo, hi; prmt.b32 lo, $2, 0, 0x4140; prmt.b32 hi, $2, 0, 0x4342; "
+                        f"lop3.b32 $0, lo, 0x00ff00ff, {bits}, 0x6a; lop3.b32 $1, hi, 0x00ff00ff, {bits}, 0x6a; }}")
+
+
+_PTX_U8, _PTX_S8 = _bytes_ptx(False), _bytes_ptx(True)
+
+
+@triton.jit
+def _byte_code(b, SIGNED: tl.constexpr, ASM: tl.constexpr):
+    """Bytes b (uint8, or int8 with SIGNED) as the fp16 1024 + b (1152 + b for int8: its sign bit flipped), exact,
+    without an int-to-float conversion. ASM (compiled only): two per instruction, packed in pairs as tl.dot wants
+    them (prmt spreads two bytes to two fp16 halves, one lop3 masks, flips and ORs 0x6400 into both)."""
+    if ASM:
+        if SIGNED:
+            return tl.inline_asm_elementwise(_PTX_S8, "=r,=r,r", [b], tl.float16, is_pure=True, pack=4)
+        else:
+            return tl.inline_asm_elementwise(_PTX_U8, "=r,=r,r", [b], tl.float16, is_pure=True, pack=4)
+    if SIGNED:
+        return ((b.to(tl.int16) & 0xFF) ^ 0x6480).to(tl.float16, bitcast=True)
+    return _fp16_bits(b.to(tl.int16))
+
+
 @triton.jit
 def _fp16_bits(x):
     """x (int16) read as fp16 after OR-ing 0x6400: 1024 + x for x < 1024."""
     return (x | 0x6400).to(tl.float16, bitcast=True)
-
-
-@triton.jit
-def _s8_code(b):
-    """int8 basis codes b as fp16 without an int-to-float conversion: the byte XOR 0x80 is b + 128, and OR-ed with
-    0x6400 (bits that do not overlap: one XOR with 0x6480) it reads as the fp16 1152 + b; taking 1152 off is exact."""
-    return ((b.to(tl.int16) & 0xFF) ^ 0x6480).to(tl.float16, bitcast=True) - 1152.0
 
 
 @triton.jit
@@ -257,14 +275,14 @@ def _alrkvd_decode_stage1(
     stride_ln, stride_lt, stride_lr,  # latent: block, token, row (stream-major: tokens contiguous)
     stride_krn, stride_krt, stride_krh,  # k_resid: block, token, head
     stride_ksn, stride_kst, stride_ksh,  # k_rscale and k_rzero: block, token, head
-    stride_vrn, stride_vrt, stride_vrh,
+    stride_vrn, stride_vrt, stride_vrh, stride_vrc,  # v_resid: block, token, head, byte
     stride_vsn, stride_vst, stride_vsh,
     stride_mob, stride_moh, stride_mos,
     stride_mlb, stride_mlh,
     stride_ob, stride_oh,
     # Meta-parameters
     NUM_KV_HEADS: tl.constexpr,
-    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, MERGE_CHUNK: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_GN: tl.constexpr, MERGE_CHUNK: tl.constexpr,
     HEAD_DIM: tl.constexpr,  # a power of two
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block (T)
     BLOCK_N: tl.constexpr,  # tokens per tile, divides BLOCK_SIZE
@@ -335,50 +353,53 @@ def _alrkvd_decode_stage1(
         store_partial(o_row, lse_row, acc, m_i, l_i, heads, offs_d, mask_g, offs_d < HEAD_DIM, stride_moh, stride_mlh)
     elif pid_s < busy:
         # ---------------- closed blocks, compressed: whole tiles, split evenly ----------------
+        # Every dot is transposed: tokens (or head dims, or ranks) on the mma's 16-row side, the query group on
+        # its 8-column side (BLOCK_GN >= 8 columns, the padding zero): no padded rows to copy around the dots.
+        offs_gn = tl.arange(0, BLOCK_GN)
+        mask_gn = offs_gn < GROUP
+        heads_n = pid_kvh * GROUP + offs_gn
+        qt_row = Q + pid_b * stride_qb + heads_n[None, :] * stride_qh  # [1, GN]
         t_start = pid_s * tiles_per_split
         t_end = tl.minimum(t_start + tiles_per_split, n_tiles)
         offs_s = tl.arange(0, BLOCK_S)
         bt_row = Block_tables + pid_b * stride_btb
         kvh64 = pid_kvh.to(tl.int64)
+        mask_s = offs_s < 2 * NUM_KV_HEADS
         if not ROTATED_KEYS:
             # cos/sin(j * theta) of the token offsets j inside a tile (table rows 0..BLOCK_N-1), the same for every tile
             j_off = offs_n[:, None] * stride_cs + offs_h[None, :]
             cos_j = tl.load(Cos + j_off).to(tl.float16)
             sin_j = tl.load(Sin + j_off).to(tl.float16)
-        all_n = offs_n < BLOCK_N
-        mask_s = offs_s < 2 * NUM_KV_HEADS
-        # residual runs (backend.kv_formats.pack_bits): a key's columns come as PK runs of NK, one per code
-        # position in its bytes; the query is held as the same runs, the output accumulates as PV runs of NV
         PK: tl.constexpr = 8 // K_BITS
         NK: tl.constexpr = HEAD_DIM // PK
         PV: tl.constexpr = 8 // V_BITS
         NV: tl.constexpr = HEAD_DIM // PV
         offs_kc = tl.arange(0, NK)
         offs_vc = tl.arange(0, NV)
-        # run r of the query divided by 2^(r K_BITS) (exact in fp16), so that the runs' dots add up in one
-        # accumulator; k_bias: 1024 times their sum, the codes' bias in that accumulator
-        qk0 = tl.load(q_row + offs_kc[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16)
-        k_bias = tl.sum(qk0.to(tl.float32), 1)
+        # the query transposed, [D, GN]: halves for q B^T, code runs (run r divided by 2^(r K_BITS)) for the residual
+        q1t = tl.load(qt_row + offs_h[:, None], mask=mask_gn[None, :], other=0.0).to(tl.float16)
+        q2t = tl.load(qt_row + HALF + offs_h[:, None], mask=mask_gn[None, :], other=0.0).to(tl.float16)
+        qk0 = tl.load(qt_row + offs_kc[:, None], mask=mask_gn[None, :], other=0.0).to(tl.float16)
+        k_bias = tl.sum(qk0.to(tl.float32), 0)
         if PK >= 2:
-            qk1 = (tl.load(q_row + NK + offs_kc[None, :], mask=mask_g[:, None], other=0.0)
+            qk1 = (tl.load(qt_row + NK + offs_kc[:, None], mask=mask_gn[None, :], other=0.0)
                    * (1.0 / (1 << K_BITS))).to(tl.float16)
-            k_bias += tl.sum(qk1.to(tl.float32), 1)
+            k_bias += tl.sum(qk1.to(tl.float32), 0)
         if PK == 4:
-            qk2 = (tl.load(q_row + 2 * NK + offs_kc[None, :], mask=mask_g[:, None], other=0.0) * 0.0625).to(tl.float16)
-            qk3 = (tl.load(q_row + 3 * NK + offs_kc[None, :], mask=mask_g[:, None], other=0.0)
+            qk2 = (tl.load(qt_row + 2 * NK + offs_kc[:, None], mask=mask_gn[None, :], other=0.0) * 0.0625).to(tl.float16)
+            qk3 = (tl.load(qt_row + 3 * NK + offs_kc[:, None], mask=mask_gn[None, :], other=0.0)
                    * 0.015625).to(tl.float16)
-            k_bias += tl.sum(qk2.to(tl.float32), 1) + tl.sum(qk3.to(tl.float32), 1)
+            k_bias += tl.sum(qk2.to(tl.float32), 0) + tl.sum(qk3.to(tl.float32), 0)
         k_bias *= 1024.0
-        q_sum = tl.sum(q1.to(tl.float32), 1) + tl.sum(q2.to(tl.float32), 1)
-        acc0 = tl.zeros([BLOCK_G, NV], dtype=tl.float32)
+        q_sum = tl.sum(q1t.to(tl.float32), 0) + tl.sum(q2t.to(tl.float32), 0)
+        m_n = tl.full([BLOCK_GN], float("-inf"), dtype=tl.float32)
+        l_n = tl.zeros([BLOCK_GN], dtype=tl.float32)
+        acc0 = tl.zeros([NV, BLOCK_GN], dtype=tl.float32)
         if PV >= 2:
-            acc1 = tl.zeros([BLOCK_G, NV], dtype=tl.float32)
+            acc1 = tl.zeros([NV, BLOCK_GN], dtype=tl.float32)
         if PV == 4:
-            acc2 = tl.zeros([BLOCK_G, NV], dtype=tl.float32)
-            acc3 = tl.zeros([BLOCK_G, NV], dtype=tl.float32)
-        # the block id and ranks of the next tile are loaded one iteration ahead (a chain of two loads; the index
-        # is clamped into the sequence's table so that the last prefetch reads a valid entry). The scales too: too
-        # narrow for Triton's pipeliner (one fp16 per token or row), they would be waited for in every tile.
+            acc2 = tl.zeros([NV, BLOCK_GN], dtype=tl.float32)
+            acc3 = tl.zeros([NV, BLOCK_GN], dtype=tl.float32)
         last = tl.maximum(n_tiles - 1, 0)
         next_block = tl.load(bt_row + tl.minimum(t_start, last) // TILES).to(tl.int64)
         next_rk = tl.load(Ranks + next_block * stride_rkn + offs_s, mask=mask_s, other=0)
@@ -389,8 +410,7 @@ def _alrkvd_decode_stage1(
         k_rs, k_rz = tl.load(K_rscale + ks_next), tl.load(K_rzero + ks_next)
         v_rs, v_rz = tl.load(V_rscale + vs_next), tl.load(V_rzero + vs_next)
         for t in range(t_start, t_end):
-            blk = t // TILES
-            rows = (t % TILES) * BLOCK_N + offs_n  # token rows inside the block
+            rows = (t % TILES) * BLOCK_N + offs_n
             block = next_block
             rk = next_rk.to(tl.int32)
             next_block = tl.load(bt_row + tl.minimum(t + 1, last) // TILES).to(tl.int64)
@@ -398,102 +418,101 @@ def _alrkvd_decode_stage1(
             next_rows = (tl.minimum(t + 1, last) % TILES) * BLOCK_N + offs_n
             ks_next = next_block * stride_ksn + kvh64 * stride_ksh + next_rows * stride_kst
             vs_next = next_block * stride_vsn + kvh64 * stride_vsh + next_rows * stride_vst
-
-            # -- this head's K and V streams: offset and rank inside the block's R rows
             off_k = tl.sum(tl.where(offs_s < pid_kvh, rk, 0), 0)
             r_k = tl.sum(tl.where(offs_s == pid_kvh, rk, 0), 0)
             off_v = tl.sum(tl.where(offs_s < NUM_KV_HEADS + pid_kvh, rk, 0), 0)
             r_v = tl.sum(tl.where(offs_s == NUM_KV_HEADS + pid_kvh, rk, 0), 0)
             mk = offs_r < r_k
             mv = offs_r < r_v
-            sc_blk = block * stride_bsn
             basis_blk = Basis + block * stride_bn
             lat_blk = Latent + block * stride_ln
 
+            # -- keys: S^T = latents (q B^T)^T + residual codes q^T, [BLOCK_N, GN]
             bk1 = _load_2d(basis_blk + off_k * stride_br, offs_r, offs_h, mk, offs_h < HALF, stride_br, 1)
             bk2 = _load_2d(basis_blk + off_k * stride_br + HALF, offs_r, offs_h, mk, offs_h < HALF, stride_br, 1)
-            lk = _load_2d(lat_blk + off_k * stride_lr, rows, offs_r, all_n, mk, stride_lt, stride_lr)
+            lk = _load_2d(lat_blk + off_k * stride_lr, rows, offs_r, offs_n < BLOCK_N, mk, stride_lt, stride_lr)
             if ROTATED_KEYS:
-                # -- keys: q . (lat_t B) = (q B^T) . lat_t. Basis and latent codes go to tl.dot as they are (fp16 by
-                #    bit pattern); the basis scale, the latents' scale and zero come off the [G, R] matrix q B^T
-                qb = tl.dot(q1, tl.trans(_s8_code(bk1))) + tl.dot(q2, tl.trans(_s8_code(bk2)))
-                qb *= bk_s.to(tl.float32)[None, :]
-                # the latent codes centred (code - 128, exact in fp16): the fp16 rounding of q B^T * scale then
-                # moves the scores by about half what it did against codes 0..255 (test_gqa_and_ranks, group 8)
-                s_low = tl.dot((qb * lk_s.to(tl.float32)[None, :]).to(tl.float16),
-                               tl.trans(_fp16_bits(lk.to(tl.int16)) - 1152.0))
-                s_low += tl.sum(qb * (lk_z.to(tl.float32) + 128.0 * lk_s.to(tl.float32))[None, :], 1)[:, None]
+                # q . (lat_t B) = lat_t . (q B^T): basis and latent codes go to tl.dot biased, as they are (fp16 by
+                # bit pattern: 1152 + basis code, 1024 + latent code); each bias comes off the dot's result once per
+                # column, the scales and the zero off q B^T [R, GN]. The latents count as code - 128 (centred), so
+                # that the fp16 rounding of their dot's right operand moves the scores half as much as against 0..255
+                qb = tl.dot(_byte_code(bk2, True, ASM), q2t, tl.dot(_byte_code(bk1, True, ASM), q1t))
+                qb = (qb - 1152.0 * q_sum[None, :]) * bk_s.to(tl.float32)[:, None]
+                w = (qb * lk_s.to(tl.float32)[:, None]).to(tl.float16)
+                s_low = tl.dot(_byte_code(lk, False, ASM), w)
+                s_low += tl.sum(qb * (lk_z.to(tl.float32) + 128.0 * lk_s.to(tl.float32))[:, None]
+                                - 1152.0 * w.to(tl.float32), 0)[None, :]
             else:
-                bk1 = bk1 * bk_s.to(tl.float32)[:, None]
-                bk2 = bk2 * bk_s.to(tl.float32)[:, None]
-                # -- keys: the basis rotated to the tile's first position, latents @ basis', RoPE_j, + residual
-                p0_off = (blk * BLOCK_SIZE + t % TILES * BLOCK_N).to(tl.int64) * stride_cs + offs_h
+                # the basis rotated to the tile's first position, latents @ basis', RoPE_j
+                bk1 = (_byte_code(bk1, True, ASM) - 1152.0).to(tl.float32) * bk_s.to(tl.float32)[:, None]
+                bk2 = (_byte_code(bk2, True, ASM) - 1152.0).to(tl.float32) * bk_s.to(tl.float32)[:, None]
+                p0_off = tl.cast((t // TILES) * BLOCK_SIZE + t % TILES * BLOCK_N, tl.int64) * stride_cs + offs_h
                 b1, b2 = _rope(bk1, bk2, tl.load(Cos + p0_off)[None, :], tl.load(Sin + p0_off)[None, :])
-                lk = lk.to(tl.float32) * lk_s.to(tl.float32)[None, :] + lk_z.to(tl.float32)[None, :]
-                lk = lk.to(tl.float16)
-                # the rebuilt keys and their RoPE in fp16: half the registers, and they go to tl.dot as fp16 anyway
+                lk = (lk.to(tl.float32) * lk_s.to(tl.float32)[None, :] + lk_z.to(tl.float32)[None, :]).to(tl.float16)
                 k1, k2 = _rope(tl.dot(lk, b1.to(tl.float16), out_dtype=tl.float16),
                                tl.dot(lk, b2.to(tl.float16), out_dtype=tl.float16), cos_j, sin_j)
-                s_low = tl.dot(q1, tl.trans(k1.to(tl.float16))) + tl.dot(q2, tl.trans(k2.to(tl.float16)))
-            # -- key residual, codes * rscale + rzero per token: q . e = rscale (q . codes) + rzero sum(q); run r
-            #    of the codes arrives as 1024 + code * 2^(r K_BITS), its query run divided by 2^(r K_BITS)
-            kc = _code_runs(tl.load(K_resid + block * stride_krn + kvh64 * stride_krh + rows[:, None] * stride_krt
-                                    + offs_kc[None, :]), K_BITS, ASM)
-            s_res = tl.dot(qk0, tl.trans(kc[0]))
+                s_low = tl.dot(k1, q1t) + tl.dot(k2, q2t)
+            k_bytes = tl.load(K_resid + block * stride_krn + kvh64 * stride_krh + rows[:, None] * stride_krt
+                              + offs_kc[None, :])
+            kc = _code_runs(k_bytes, K_BITS, ASM)
+            s_res = tl.dot(kc[0], qk0)
             if PK >= 2:
-                s_res = tl.dot(qk1, tl.trans(kc[1]), s_res)
+                s_res = tl.dot(kc[1], qk1, s_res)
             if PK == 4:
-                s_res = tl.dot(qk3, tl.trans(kc[3]), tl.dot(qk2, tl.trans(kc[2]), s_res))
-            s = s_low + (s_res - k_bias[:, None]) * k_rs.to(tl.float32)[None, :] \
-                + q_sum[:, None] * k_rz.to(tl.float32)[None, :]
-            k_rs, k_rz = tl.load(K_rscale + ks_next), tl.load(K_rzero + ks_next)  # the next tile's, from here on
-            p, alpha, m_i, l_i = softmax_update(s * qk_scale, all_n, m_i, l_i)
+                s_res = tl.dot(kc[3], qk3, tl.dot(kc[2], qk2, s_res))
+            s = s_low + (s_res - k_bias[None, :]) * k_rs.to(tl.float32)[:, None] \
+                + q_sum[None, :] * k_rz.to(tl.float32)[:, None]
+            k_rs, k_rz = tl.load(K_rscale + ks_next), tl.load(K_rzero + ks_next)
+            s = s * qk_scale
+            m_new = tl.maximum(m_n, tl.max(s, 0))
+            alpha = tl.exp2(m_n - m_new)
+            p = tl.exp2(s - m_new[None, :])
+            l_n = l_n * alpha + tl.sum(p, 0)
+            m_n = m_new
             p16 = p.to(tl.float16)
 
-            # -- values: p @ latents, up-projected run by run by the block's basis, + (p * rscale) @ codes +
-            #    p . rzero
-            lv = _load_2d(lat_blk + off_v * stride_lr, rows, offs_r, all_n, mv, stride_lt, stride_lr)
-            # latent and basis codes go to tl.dot as they are; their scales and zero come off p @ codes [G, R]
-            p_lat = tl.dot(p16, fp16_code(lv.to(tl.int16))) * lv_s.to(tl.float32)[None, :] \
-                + tl.sum(p16.to(tl.float32), 1)[:, None] * lv_z.to(tl.float32)[None, :]
-            p_lat = (p_lat * bv_s.to(tl.float32)[None, :]).to(tl.float16)  # [BLOCK_G, BLOCK_R]
+            # -- values, transposed: out^T [D, GN] += latents^T p (up-projected by the basis) + codes^T (p rscale)
+            lv = _load_2d(lat_blk + off_v * stride_lr, offs_r, rows, mv, offs_n < BLOCK_N, stride_lr, stride_lt)  # [R, N]
+            # latent and basis codes go to tl.dot biased (1024 + latent code, 1152 + basis code); the biases come
+            # off per column: the latents' with their zero, the basis' with the residual's zero (low_zero)
+            p_lat = tl.dot(_byte_code(lv, False, ASM), p16) * lv_s.to(tl.float32)[:, None] \
+                + tl.sum(p16.to(tl.float32), 0)[None, :] * (lv_z.to(tl.float32) - 1024.0 * lv_s.to(tl.float32))[:, None]
+            p_lat = (p_lat * bv_s.to(tl.float32)[:, None]).to(tl.float16)  # [R, GN]
             bv_blk = basis_blk + off_v * stride_br
-            ps = (p * v_rs.to(tl.float32)[None, :]).to(tl.float16)
-            p_zero = tl.sum(p * v_rz.to(tl.float32)[None, :], 1)[:, None]
-            ps_bias = 1024.0 * tl.sum(ps.to(tl.float32), 1)[:, None]  # the codes' bias in p @ codes
+            ps = (p * v_rs.to(tl.float32)[:, None]).to(tl.float16)
+            low_zero = tl.sum(p * v_rz.to(tl.float32)[:, None], 0)[None, :] - 1152.0 * tl.sum(p_lat.to(tl.float32), 0)[None, :]
+            ps_bias = 1024.0 * tl.sum(ps.to(tl.float32), 0)[None, :]
             v_rs, v_rz = tl.load(V_rscale + vs_next), tl.load(V_rzero + vs_next)
-            vc = _code_runs(tl.load(V_resid + block * stride_vrn + kvh64 * stride_vrh + rows[:, None] * stride_vrt
-                                    + offs_vc[None, :]), V_BITS, ASM)
-            # acc{r} holds 2^(r V_BITS) times its output columns (taken off at the end), so run r's codes, as they
-            # arrive, need no scaling per element; its low-rank part and zero are scaled instead ([G, R], [G, 1])
-            bv = _s8_code(_load_2d(bv_blk, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1))
-            acc0 = tl.dot(p_lat, bv, tl.dot(ps, vc[0], acc0 * alpha[:, None] + (p_zero - ps_bias)))
+            v_bytes = tl.load(V_resid + block * stride_vrn + kvh64 * stride_vrh + rows[None, :] * stride_vrt
+                              + offs_vc[:, None] * stride_vrc)  # [NV, N]
+            vc = _code_runs(v_bytes, V_BITS, ASM)
+            bv = _byte_code(_load_2d(bv_blk, offs_vc, offs_r, offs_vc < NV, mv, 1, stride_br), True, ASM)
+            acc0 = tl.dot(bv, p_lat, tl.dot(vc[0], ps, acc0 * alpha[None, :] + (low_zero - ps_bias)))
             if PV >= 2:
-                bv = _s8_code(_load_2d(bv_blk + NV, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1))
-                acc1 = tl.dot((p_lat * (1 << V_BITS)).to(tl.float16), bv,
-                              tl.dot(ps, vc[1], acc1 * alpha[:, None] + (p_zero * (1 << V_BITS) - ps_bias)))
+                bv = _byte_code(_load_2d(bv_blk + NV, offs_vc, offs_r, offs_vc < NV, mv, 1, stride_br), True, ASM)
+                acc1 = tl.dot(bv, (p_lat * (1 << V_BITS)).to(tl.float16),
+                              tl.dot(vc[1], ps, acc1 * alpha[None, :] + (low_zero * (1 << V_BITS) - ps_bias)))
             if PV == 4:
-                bv = _s8_code(_load_2d(bv_blk + 2 * NV, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1))
-                acc2 = tl.dot((p_lat * 16).to(tl.float16), bv,
-                              tl.dot(ps, vc[2], acc2 * alpha[:, None] + (p_zero * 16 - ps_bias)))
-                bv = _s8_code(_load_2d(bv_blk + 3 * NV, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1))
-                acc3 = tl.dot((p_lat * 64).to(tl.float16), bv,
-                              tl.dot(ps, vc[3], acc3 * alpha[:, None] + (p_zero * 64 - ps_bias)))
+                bv = _byte_code(_load_2d(bv_blk + 2 * NV, offs_vc, offs_r, offs_vc < NV, mv, 1, stride_br), True, ASM)
+                acc2 = tl.dot(bv, (p_lat * 16).to(tl.float16),
+                              tl.dot(vc[2], ps, acc2 * alpha[None, :] + (low_zero * 16 - ps_bias)))
+                bv = _byte_code(_load_2d(bv_blk + 3 * NV, offs_vc, offs_r, offs_vc < NV, mv, 1, stride_br), True, ASM)
+                acc3 = tl.dot(bv, (p_lat * 64).to(tl.float16),
+                              tl.dot(vc[3], ps, acc3 * alpha[None, :] + (low_zero * 64 - ps_bias)))
             bk_s, lk_s, lk_z, bv_s, lv_s, lv_z = _stream_scales(
                 next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale, Latent_scale, Latent_zero, stride_bsn,
                 NUM_KV_HEADS)
 
-        # output columns RUN * NV .. RUN * NV + NV - 1 are acc{RUN}
         all_vc = offs_vc < NV
-        store_partial(o_row, lse_row, acc0, m_i, l_i, heads, offs_vc, mask_g, all_vc, stride_moh, stride_mlh)
+        store_partial(o_row, lse_row, tl.trans(acc0), m_n, l_n, heads_n, offs_vc, mask_gn, all_vc, stride_moh, stride_mlh)
         if PV >= 2:
-            store_partial(o_row, lse_row, acc1 * (1.0 / (1 << V_BITS)), m_i, l_i, heads, NV + offs_vc, mask_g, all_vc,
-                          stride_moh, stride_mlh)
+            store_partial(o_row, lse_row, tl.trans(acc1) * (1.0 / (1 << V_BITS)), m_n, l_n, heads_n, NV + offs_vc,
+                          mask_gn, all_vc, stride_moh, stride_mlh)
         if PV == 4:
-            store_partial(o_row, lse_row, acc2 * 0.0625, m_i, l_i, heads, 2 * NV + offs_vc, mask_g, all_vc,
-                          stride_moh, stride_mlh)
-            store_partial(o_row, lse_row, acc3 * 0.015625, m_i, l_i, heads, 3 * NV + offs_vc, mask_g, all_vc,
-                          stride_moh, stride_mlh)
+            store_partial(o_row, lse_row, tl.trans(acc2) * 0.0625, m_n, l_n, heads_n, 2 * NV + offs_vc, mask_gn,
+                          all_vc, stride_moh, stride_mlh)
+            store_partial(o_row, lse_row, tl.trans(acc3) * 0.015625, m_n, l_n, heads_n, 3 * NV + offs_vc, mask_gn,
+                          all_vc, stride_moh, stride_mlh)
 
     merge_if_last(Tickets + pid_b * NUM_KV_HEADS + pid_kvh, num_splits + 1, busy + 1, Mid_o + pid_b * stride_mob,
                   Mid_lse + pid_b * stride_mlb, Out + pid_b * stride_ob, heads, mask_g,
@@ -554,13 +573,13 @@ def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_
         cache.latent.stride(0), cache.latent.stride(1), cache.latent.stride(2),
         cache.k_resid.stride(0), cache.k_resid.stride(1), cache.k_resid.stride(2),
         cache.k_rscale.stride(0), cache.k_rscale.stride(1), cache.k_rscale.stride(2),
-        cache.v_resid.stride(0), cache.v_resid.stride(1), cache.v_resid.stride(2),
+        cache.v_resid.stride(0), cache.v_resid.stride(1), cache.v_resid.stride(2), cache.v_resid.stride(3),
         cache.v_rscale.stride(0), cache.v_rscale.stride(1), cache.v_rscale.stride(2),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
         NUM_KV_HEADS=num_kv_heads, GROUP=group,
-        BLOCK_G=triton.next_power_of_2(group),  # not 16: tl.dot pads M itself, the tiles keep G rows
+        BLOCK_G=triton.next_power_of_2(group), BLOCK_GN=max(8, triton.next_power_of_2(group)),  # not 16: tl.dot pads M itself, the tiles keep G rows
         MERGE_CHUNK=merge_chunk(group, head_dim, cfg["num_warps"]),
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n,
@@ -576,8 +595,7 @@ def _check_layer(cache: AlrkvdLayer, window_k, window_v) -> None:
     assert D & (D - 1) == 0 and D >= 32, "head_dim must be a power of two >= 32"
     assert cache.ranks.dtype == torch.int16 and cache.basis.dtype == torch.int8
     assert cache.latent.dtype == torch.uint8 and cache.latent.shape[2] == cache.basis.shape[1]
-    for t in (cache.basis, cache.k_resid, cache.v_resid, cache.ranks, cache.basis_scale, cache.latent_scale,
-              cache.latent_zero):
+    for t in (cache.basis, cache.k_resid, cache.ranks, cache.basis_scale, cache.latent_scale, cache.latent_zero):
         assert t.stride(-1) == 1
     assert cache.k_rscale.shape[-1] == 1 and cache.k_rzero.stride() == cache.k_rscale.stride()
     assert cache.v_rscale.shape[-1] == 1 and cache.v_rzero.stride() == cache.v_rscale.stride()

@@ -53,34 +53,34 @@ def _quant_asym(x, QMAX: tl.constexpr, AXIS: tl.constexpr):
 
 
 @triton.jit
-def _pack_plane_store(Row_ptrs, codes, BYTE0: tl.constexpr, W: tl.constexpr, SHIFT: tl.constexpr,
+def _pack_plane_store(Row_ptrs, stride_byte, codes, BYTE0: tl.constexpr, W: tl.constexpr, SHIFT: tl.constexpr,
                       T: tl.constexpr, D: tl.constexpr):
     """Store bits SHIFT..SHIFT+W of codes [T, D] as one plane of pack_bits: value j in byte
     BYTE0 + j % (D // PER) at bit (j // (D // PER)) * W, PER = 8 // W."""
     PER: tl.constexpr = 8 // W
     plane = tl.reshape((codes >> SHIFT) & ((1 << W) - 1), [T, PER, D // PER])
     packed = tl.sum(plane << (tl.arange(0, PER) * W)[None, :, None], 1)
-    tl.store(Row_ptrs[:, None] + BYTE0 + tl.arange(0, D // PER)[None, :], packed.to(tl.uint8))
+    tl.store(Row_ptrs[:, None] + (BYTE0 + tl.arange(0, D // PER)[None, :]) * stride_byte, packed.to(tl.uint8))
 
 
 @triton.jit
-def _pack_store(Row_ptrs, codes, BITS: tl.constexpr, T: tl.constexpr, D: tl.constexpr):
+def _pack_store(Row_ptrs, stride_byte, codes, BITS: tl.constexpr, T: tl.constexpr, D: tl.constexpr):
     if BITS == 8:
-        _pack_plane_store(Row_ptrs, codes, 0, 8, 0, T, D)
+        _pack_plane_store(Row_ptrs, stride_byte, codes, 0, 8, 0, T, D)
     else:
         HAS4: tl.constexpr = (BITS >> 2) & 1
         HAS2: tl.constexpr = (BITS >> 1) & 1
         HAS1: tl.constexpr = BITS & 1
         if HAS4:
-            _pack_plane_store(Row_ptrs, codes, 0, 4, 0, T, D)
+            _pack_plane_store(Row_ptrs, stride_byte, codes, 0, 4, 0, T, D)
         if HAS2:
-            _pack_plane_store(Row_ptrs, codes, HAS4 * D // 2, 2, 4 * HAS4, T, D)
+            _pack_plane_store(Row_ptrs, stride_byte, codes, HAS4 * D // 2, 2, 4 * HAS4, T, D)
         if HAS1:
-            _pack_plane_store(Row_ptrs, codes, HAS4 * D // 2 + HAS2 * D // 4, 1, 4 * HAS4 + 2 * HAS2, T, D)
+            _pack_plane_store(Row_ptrs, stride_byte, codes, HAS4 * D // 2 + HAS2 * D // 4, 1, 4 * HAS4 + 2 * HAS2, T, D)
 
 
 @triton.jit
-def _quant_resid_store(e, Resid_rows, Scale_rows, Zero_rows, stride_cg, Levels, Edges, Search,
+def _quant_resid_store(e, Resid_rows, stride_byte, Scale_rows, Zero_rows, stride_cg, Levels, Edges, Search,
                        BITS: tl.constexpr, GROUP: tl.constexpr, UNIFORM: tl.constexpr,
                        NSEARCH: tl.constexpr, T: tl.constexpr, D: tl.constexpr):
     """Quantize the rotated residual e [T, D] per (token, group) and store codes, scales (, zeros)."""
@@ -111,7 +111,7 @@ def _quant_resid_store(e, Resid_rows, Scale_rows, Zero_rows, stride_cg, Levels, 
             codes = tl.where(better[:, :, None], q, codes)
         scale = best_s
     tl.store(Scale_rows[:, None] + offs_g[None, :] * stride_cg, scale)
-    _pack_store(Resid_rows, tl.reshape(codes, [T, D]), BITS, T, D)
+    _pack_store(Resid_rows, stride_byte, tl.reshape(codes, [T, D]), BITS, T, D)
 
 
 @triton.jit
@@ -133,8 +133,8 @@ def _alrkvd_compress_kernel(
     # Strides
     stride_sn, stride_st, stride_sh,  # k and v sources [n, T, H, D]: block, token, head
     stride_rkn, stride_bn, stride_br, stride_bsn, stride_ln, stride_lt, stride_lr,  # latent: block, token, row
-    stride_rn, stride_rt, stride_rh,  # k_resid: block, token, head
-    stride_vn, stride_vt, stride_vh,  # v_resid (its packed rows differ when v_bits != k_bits)
+    stride_rn, stride_rt, stride_rh, stride_rb,  # k_resid: block, token, head, byte
+    stride_vn, stride_vt, stride_vh, stride_vb,  # v_resid (its packed rows differ when v_bits != k_bits)
     stride_cn, stride_ct, stride_ch, stride_cg,  # k_rscale, v_rscale (and zeros): block, token, head, group
     stride_cs,  # Cos, Sin: position
     # Meta-parameters
@@ -203,12 +203,12 @@ def _alrkvd_compress_kernel(
         rows_c = block * stride_cn + h * stride_ch + rows_t * stride_ct
         if s < NUM_KV_HEADS:
             rows_r = block * stride_rn + h * stride_rh + rows_t * stride_rt
-            _quant_resid_store(e, K_resid + rows_r, K_rscale + rows_c, K_rzero + rows_c, stride_cg, K_levels, K_edges,
+            _quant_resid_store(e, K_resid + rows_r, stride_rb, K_rscale + rows_c, K_rzero + rows_c, stride_cg, K_levels, K_edges,
                                Search,
                                K_BITS, GROUP, UNIFORM, NSEARCH, TC, D)
         else:
             rows_r = block * stride_vn + h * stride_vh + rows_t * stride_vt
-            _quant_resid_store(e, V_resid + rows_r, V_rscale + rows_c, V_rzero + rows_c, stride_cg, V_levels, V_edges,
+            _quant_resid_store(e, V_resid + rows_r, stride_vb, V_rscale + rows_c, V_rzero + rows_c, stride_cg, V_levels, V_edges,
                                Search,
                                V_BITS, GROUP, UNIFORM, NSEARCH, TC, D)
 
@@ -303,8 +303,8 @@ def alrkvd_compress(fmt, layer, block_ids, k: torch.Tensor, v: torch.Tensor, sta
         k.stride(0), k.stride(1), k.stride(2),
         ranks.stride(0), basis.stride(0), basis.stride(1),
         basis_scale.stride(0), lat.stride(0), lat.stride(1), lat.stride(2),
-        kres.stride(0), kres.stride(1), kres.stride(2),
-        vres.stride(0), vres.stride(1), vres.stride(2),
+        kres.stride(0), kres.stride(1), kres.stride(2), kres.stride(3),
+        vres.stride(0), vres.stride(1), vres.stride(2), vres.stride(3),
         ksc.stride(0), ksc.stride(1), ksc.stride(2), ksc.stride(3),
         cos.stride(0) if post else 0,
         NUM_KV_HEADS=H, T=T, D=D, TC=min(32, T),

@@ -1,0 +1,721 @@
+"""Decode attention straight from the compressed ALR-KVD paged cache (flash-decoding, Triton).
+
+Reads only the compressed bytes of closed blocks and the full-precision window of the newest,
+partial block; keys and values are rebuilt tile by tile in registers, never written to HBM.
+
+Layout: backend/kv_formats.py `ALRKVDFormat` with the options the kernel reads (`KERNEL_OPTIONS`:
+8-bit latents and basis, fp16 residual scales, uniform residual codes without rotation, one scale
+and zero per token and head (group = head_dim), keys compressed after RoPE (key_frame=rotated), or only their
+residual (key_frame=post_rope)). Per layer and block
+(T = block_size tokens, H kv heads, R = rank_budget rows shared by the 2H streams K0..K{H-1},
+V0..V{H-1}, stream s owning rows [sum(ranks[:s]), sum(ranks[:s+1]))):
+    ranks [2H] int16, basis [R, D] int8 (+ basis_scale [R] fp16),
+    latent [T, R] uint8, stored stream-major ([R, T] in memory: a stream's latents are rows of T
+        contiguous bytes) (+ latent_scale, latent_zero [R] fp16),
+    {k,v}_resid [T, H, packed(D, bits)] uint8 (backend.kv_formats.pack_bits: run r of the codes, the bits
+        at r * bits of every byte, holds columns r * D/PER .. of the row, PER = 8 // bits),
+    {k,v}_rscale and {k,v}_rzero [T, H, 1] fp16, stored head-major ([H, 1, T]: a head's tokens contiguous).
+    value(t)          = (latent_t * scale + zero) @ (basis * basis_scale) + codes_t * rscale_t + rzero_t
+    rotated key(t)    = (latent_t * scale + zero) @ (basis * basis_scale) + codes_t * rscale_t + rzero_t    (rotated)
+                      = RoPE_t((latent_t * scale + zero) @ (basis * basis_scale)) + codes_t * ...          (post_rope)
+key_frame=rotated (the default) compresses the whole key after RoPE, so the scores are (q B^T) . latent_t and
+nothing is rotated in the loop. key_frame=post_rope stores the low-rank part before RoPE (where keys are more
+low-rank) and rotates it in the kernel, 1.16-1.39x slower on the H200 at rank 16; the residual is after RoPE in
+both, so it is added as it is (BENCHMARKS.md section 2h). The window `[num_slots, block_size, H, D]`
+(model dtype, keys before RoPE) holds the last 1..block_size tokens of each sequence: a block that
+fills in this step is still read from the window, so the cache compresses it after the step's forward,
+with the blocks of every layer in one call (backend/kv_cache.py), instead of before each layer's attention.
+
+Stage 1 (one program per sequence, kv head and split of the closed tiles; the extra split index
+num_splits takes the window), per tile of BLOCK_N tokens of a closed block:
+    keys:   the head's basis rows rotated once to the tile's first position p0 (RoPE is a rotation
+            per frequency pair, so RoPE_{p0 + j} = RoPE_j o RoPE_{p0}), k = latents @ basis', then
+            RoPE_j with cos/sin(j * theta) (table rows 0..BLOCK_N-1) held in registers for the whole loop
+            (ROTATED_KEYS: (q B^T) * latent scale, dotted with the latent codes, + (q B^T) . latent zero);
+            scores of every query head of the GQA group with tl.dot, the low-rank part and the residual
+            apart: q . e_t = rscale_t (q . codes_t) + rzero_t sum(q), one dot per code run with the same
+            run of query columns, so no per-element scale, zero or interleave;
+    values: p @ latents (accumulated in latent space), up-projected by the tile's basis, plus
+            (p * rscale) @ codes + p . rzero, accumulated run by run (output columns of run r in acc{r}).
+Codes become fp16 without an int-to-float conversion: the bits of run r masked in place and OR-ed with
+0x6400 read as the fp16 1024 + code * 2^(r * bits). Residual codes go to tl.dot biased, two per instruction
+(inline PTX when compiled): the 1024 comes off each dot's result once per row, the power of two off the query run
+(keys) or the run's accumulator (values, at the end). The scales, too narrow for Triton's pipeliner, are loaded a
+tile ahead by hand (BENCHMARKS.md section 2j). Stage 2 runs in stage 1: the last program of a (sequence, kv head) to finish merges the
+partials (`kernels.paged_attention.merge_if_last`): no second kernel, 1 us less at B=1 L=4k on the H200
+(BENCHMARKS.md section 2e; the paged and KIVI kernels measured slower with it and keep `decode_reduce`).
+
+Public: `KERNEL_OPTIONS`, `kernel_options`, `AlrkvdLayer` (the per-layer views), `alrkvd_decode_attention`,
+`alrkvd_decode_attention_ref`. Nothing runs at import.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.paged_attention import (
+    LOG2E, MIN_TOKENS_PER_SPLIT, attend_ref, check_decode_inputs, decode_tickets, fp16_code,
+    merge_chunk, merge_if_last, softmax_update, store_partial, windowed_num_splits,
+)
+from kernels.tuning import get_config
+
+# MIN_TOKENS_PER_SPLIT: the shortest split, 128 against the paged kernel's 256 (B=1 L=4k: 19 against 24 us);
+# NUM_WARPS_MANY_PAIRS: the warps when batch x kv heads >= MANY_PAIRS, where long splits fill the GPU and more
+# programs per SM hide each tile's latency (B=8 L=32k: 694 against 786 us; B=1 L=4k: 22.6 against 19.7 us with
+# 2 warps; BENCHMARKS.md section 2d). BLOCK_N: a whole block of 128 per tile, so that its basis is converted once,
+# not twice: 24% fewer instructions per token (sm_90); on the H200, rotated keys at rank 16, B=8 L=32k 214 against
+# 265 us, B=32 L=32k 795 against 1,007, B=1 L=4k 13.6 against 15.8, but B=8 L=4k 55 against 47; faster at B=1 at
+# every rank. BLOCK_N_MANY_PAIRS_HEAVY: the tile of the 2-warp launch for the heavier loops (rank_max > 32, or
+# post_rope's rebuilt keys), which were 5-14% slower at 128 from B=8 up (BENCHMARKS.md section 2l). Register caps
+# (160 at 4 warps, 168 at 2 with 64-token tiles, section 2j) were slower at 128-token tiles, and the 168 cap made
+# post_rope's 2-warp loop spill.
+_DEFAULT_STAGE1 = {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "MIN_TOKENS_PER_SPLIT": 128,
+                   "NUM_WARPS_MANY_PAIRS": 2, "BLOCK_N_MANY_PAIRS_HEAVY": 64}
+MANY_PAIRS = 64
+
+# The ALRKVDFormat options this kernel reads (and group = head_dim); other options take the PyTorch path. It reads
+# key_frame=post_rope too (low-rank keys before RoPE, rotated per token in the loop): 1.16-1.39x slower on the H200
+# at rank 16, the same perplexity on the served preset within 0.2% (BENCHMARKS.md section 2h).
+KERNEL_OPTIONS = {"latent_bits": 8, "basis_bits": 8, "scale_bits": 16, "codebook": "uniform", "rotate": False,
+                  "key_frame": "rotated", "exact_tokens": 0, "v_low_tokens": 0}
+
+
+def kernel_options(head_dim: int, **extra) -> dict:
+    """ALRKVDFormat options for the GPU: the set this kernel reads for a model of `head_dim` (k_bits, v_bits
+    in {2, 4, 8}), and the basis found on the GPU by subspace iteration over at most 16 + 8 directions (the
+    exact eigh runs on the CPU, hundreds of times slower for a prefill chunk: benchmarks/bench_basis.py)."""
+    return {**KERNEL_OPTIONS, "group": head_dim, "basis_solver": "subspace", "rank_max": 16, **extra}
+
+
+@dataclass(frozen=True)
+class AlrkvdLayer:
+    """One layer of an ALR-KVD cache, as the kernel reads it (views; nothing copied per call).
+
+    Shapes are per layer: the format's storage tensors indexed by the layer."""
+    ranks: torch.Tensor          # [num_blocks, 2H] int16
+    basis: torch.Tensor          # [num_blocks, R, D] int8
+    basis_scale: torch.Tensor    # [num_blocks, R] fp16
+    latent: torch.Tensor         # [num_blocks, T, R] uint8
+    latent_scale: torch.Tensor   # [num_blocks, R] fp16
+    latent_zero: torch.Tensor    # [num_blocks, R] fp16
+    k_resid: torch.Tensor        # [num_blocks, T, H, packed(D, k_bits)] uint8
+    k_rscale: torch.Tensor       # [num_blocks, T, H, 1] fp16
+    k_rzero: torch.Tensor        # [num_blocks, T, H, 1] fp16
+    v_resid: torch.Tensor
+    v_rscale: torch.Tensor
+    v_rzero: torch.Tensor
+    k_bits: int
+    v_bits: int
+    rank_max: int
+    rotated_keys: bool = False   # key_frame=rotated: the whole key compressed after RoPE, no RoPE in the kernel
+
+    @property
+    def block_size(self) -> int:
+        return self.latent.shape[1]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.k_resid.shape[2]
+
+    @property
+    def head_dim(self) -> int:
+        return self.basis.shape[2]
+
+    @classmethod
+    def from_format(cls, fmt, layer: int) -> "AlrkvdLayer":
+        """Views of `backend.kv_formats.ALRKVDFormat` storage for `layer`; NotImplementedError when its
+        options are not `KERNEL_OPTIONS` (key_frame rotated or post_rope) with group = head_dim, k_bits and v_bits in
+        {2, 4, 8}, rank_budget > 0."""
+        o = fmt.options
+        if (any(o[k] != v for k, v in KERNEL_OPTIONS.items() if k != "key_frame")
+                or o["key_frame"] not in ("post_rope", "rotated") or o["group"] != fmt.head_dim
+                or o["rank_budget"] <= 0 or o["k_bits"] not in (2, 4, 8) or o["v_bits"] not in (2, 4, 8)):
+            raise NotImplementedError(f"the ALR-KVD kernel reads {KERNEL_OPTIONS} (or key_frame=post_rope), "
+                                      "group=head_dim, k_bits and v_bits in {2, 4, 8}, rank_budget>0")
+        return cls(
+            ranks=fmt.ranks[layer], basis=fmt.basis[layer], basis_scale=fmt.basis_scale[layer],
+            latent=fmt.latent[layer], latent_scale=fmt.latent_scale[layer], latent_zero=fmt.latent_zero[layer],
+            k_resid=fmt.k_resid[layer], k_rscale=fmt.k_rscale[layer], k_rzero=fmt.k_rzero[layer],
+            v_resid=fmt.v_resid[layer], v_rscale=fmt.v_rscale[layer], v_rzero=fmt.v_rzero[layer],
+            k_bits=o["k_bits"], v_bits=o["v_bits"], rank_max=o["rank_max"], rotated_keys=o["key_frame"] == "rotated",
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers inside the kernel
+# ----------------------------------------------------------------------------------------------
+def _unpack_ptx(bits: int) -> tuple[tl.constexpr, tl.constexpr]:
+    """PTX for `_code_runs` (4 bytes in, 8 // bits runs out, two fp16 registers each) and its constraints."""
+    runs, mask = 8 // bits, (1 << bits) - 1
+    lines = [f"prmt.b32 lo, ${2 * runs}, 0, 0x4140;", f"prmt.b32 hi, ${2 * runs}, 0, 0x4342;"]
+    for r in range(runs):  # lop3 immediate 0xea: (a & b) | c
+        pair_mask = hex((mask << (r * bits)) * 0x10001)
+        lines += [f"lop3.b32 ${2 * r}, lo, {pair_mask}, 0x64006400, 0xea;",
+                  f"lop3.b32 ${2 * r + 1}, hi, {pair_mask}, 0x64006400, 0xea;"]
+    return tl.constexpr("{ .reg .b32 lo, hi; " + " ".join(lines) + " }"), tl.constexpr("=r," * (2 * runs) + "r")
+
+
+(_PTX_2, _ARGS_2), (_PTX_4, _ARGS_4), (_PTX_8, _ARGS_8) = map(_unpack_ptx, (2, 4, 8))
+
+
+@triton.jit
+def _code_runs(b, BITS: tl.constexpr, ASM: tl.constexpr):
+    """The 8 // BITS runs of packed residual bytes b [n, NB] (uint8), each [n, NB] fp16 holding
+    1024 + code * 2^(RUN * BITS). backend.kv_formats.pack_bits puts value j of a row in byte j % NB at bit
+    (j // NB) * BITS, so the codes at bit RUN * BITS of every byte are the row's columns RUN * NB ..
+    RUN * NB + NB - 1, in order: one mask per byte, no shift and no interleave. Masked in place and OR-ed
+    with 0x6400 the bits read as the fp16 1024 + code * 2^(RUN * BITS), exact, without an int-to-float
+    conversion; the caller takes the 1024 and the power of two off its dot's result, per row.
+    ASM (compiled only): two codes per 32-bit instruction, as tl.dot wants them, packed in pairs (prmt spreads
+    bytes 0, 1 and 2, 3 of a register to the low bytes of two fp16 halves, then one lop3 per run masks and ORs
+    a pair); the plain path builds each code alone and packs the pairs after."""
+    if ASM:
+        if BITS == 2:
+            return tl.inline_asm_elementwise(_PTX_2, _ARGS_2, [b], (tl.float16, tl.float16, tl.float16, tl.float16),
+                                             is_pure=True, pack=4)
+        elif BITS == 4:
+            return tl.inline_asm_elementwise(_PTX_4, _ARGS_4, [b], (tl.float16, tl.float16), is_pure=True, pack=4)
+        else:
+            return (tl.inline_asm_elementwise(_PTX_8, _ARGS_8, [b], tl.float16, is_pure=True, pack=4),)
+    x = b.to(tl.int16)
+    if BITS == 2:
+        return (_fp16_bits(x & 3), _fp16_bits(x & 12), _fp16_bits(x & 48), _fp16_bits(x & 192))
+    elif BITS == 4:
+        return (_fp16_bits(x & 15), _fp16_bits(x & 240))
+    else:
+        return (_fp16_bits(x),)
+
+
+@triton.jit
+def _fp16_bits(x):
+    """x (int16) read as fp16 after OR-ing 0x6400: 1024 + x for x < 1024."""
+    return (x | 0x6400).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _s8_code(b):
+    """int8 basis codes b as fp16 without an int-to-float conversion: the byte XOR 0x80 is b + 128, and OR-ed with
+    0x6400 (bits that do not overlap: one XOR with 0x6480) it reads as the fp16 1152 + b; taking 1152 off is exact."""
+    return ((b.to(tl.int16) & 0xFF) ^ 0x6480).to(tl.float16, bitcast=True) - 1152.0
+
+
+@triton.jit
+def _load_2d(Ptr, rows, cols, mask_rows, mask_cols, stride_row, stride_col):
+    return tl.load(Ptr + rows[:, None] * stride_row + cols[None, :] * stride_col,
+                   mask=mask_rows[:, None] & mask_cols[None, :], other=0)
+
+
+@triton.jit
+def _rope(x1, x2, cos, sin):
+    """HF half-split RoPE: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)."""
+    return x1 * cos - x2 * sin, x2 * cos + x1 * sin
+
+
+@triton.jit
+def _stream_scales(block, rk, offs_s, offs_r, pid_kvh, Basis_scale, Latent_scale, Latent_zero, stride_bsn,
+                   NUM_KV_HEADS: tl.constexpr):
+    """The basis scale, latent scale and latent zero of kv head pid_kvh's K and V streams in `block`, whose ranks
+    are rk [BLOCK_S]: six fp16 [BLOCK_R] vectors as stored, 0 past the stream's rank."""
+    rk = rk.to(tl.int32)
+    off_k = tl.sum(tl.where(offs_s < pid_kvh, rk, 0), 0)
+    mk = offs_r < tl.sum(tl.where(offs_s == pid_kvh, rk, 0), 0)
+    off_v = tl.sum(tl.where(offs_s < NUM_KV_HEADS + pid_kvh, rk, 0), 0)
+    mv = offs_r < tl.sum(tl.where(offs_s == NUM_KV_HEADS + pid_kvh, rk, 0), 0)
+    k_rows = block * stride_bsn + off_k + offs_r
+    v_rows = block * stride_bsn + off_v + offs_r
+    return (tl.load(Basis_scale + k_rows, mask=mk, other=0.0), tl.load(Latent_scale + k_rows, mask=mk, other=0.0),
+            tl.load(Latent_zero + k_rows, mask=mk, other=0.0), tl.load(Basis_scale + v_rows, mask=mv, other=0.0),
+            tl.load(Latent_scale + v_rows, mask=mv, other=0.0), tl.load(Latent_zero + v_rows, mask=mv, other=0.0))
+
+
+# ----------------------------------------------------------------------------------------------
+# Stage 1
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _alrkvd_decode_stage1(
+    # Pointers: query, paging, window
+    Q, Block_tables, Seq_lens, Window_slots, Window_k, Window_v,
+    Cos, Sin,  # RoPE tables [max_pos, D] (HF layout: the first half of a row is cos/sin(pos * theta))
+    # Pointers: compressed blocks
+    Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero,
+    K_resid, K_rscale, K_rzero, V_resid, V_rscale, V_rzero,
+    # Pointers: partials, the output, and one ticket per (sequence, kv head) for the merge (0 between calls)
+    Mid_o, Mid_lse, Out, Tickets,
+    # Scalars
+    qk_scale,  # softmax scale * log2(e)
+    num_splits,  # programs per (sequence, kv head) over the closed blocks; grid axis 2 has one more
+    # Strides
+    stride_qb, stride_qh, stride_btb, stride_cs,
+    stride_wn, stride_wt, stride_wh,  # window_k and window_v: slot, token, head (D contiguous)
+    stride_rkn,  # ranks: block
+    stride_bn, stride_br,  # basis: block, row
+    stride_bsn,  # basis_scale, latent_scale, latent_zero: block
+    stride_ln, stride_lt, stride_lr,  # latent: block, token, row (stream-major: tokens contiguous)
+    stride_krn, stride_krt, stride_krh,  # k_resid: block, token, head
+    stride_ksn, stride_kst, stride_ksh,  # k_rscale and k_rzero: block, token, head
+    stride_vrn, stride_vrt, stride_vrh,
+    stride_vsn, stride_vst, stride_vsh,
+    stride_mob, stride_moh, stride_mos,
+    stride_mlb, stride_mlh,
+    stride_ob, stride_oh,
+    # Meta-parameters
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, MERGE_CHUNK: tl.constexpr,
+    HEAD_DIM: tl.constexpr,  # a power of two
+    BLOCK_SIZE: tl.constexpr,  # tokens per cache block (T)
+    BLOCK_N: tl.constexpr,  # tokens per tile, divides BLOCK_SIZE
+    BLOCK_R: tl.constexpr,  # >= rank_max, >= 16, a power of two
+    BLOCK_S: tl.constexpr,  # >= 2 * NUM_KV_HEADS, a power of two
+    K_BITS: tl.constexpr, V_BITS: tl.constexpr,
+    ROTATED_KEYS: tl.constexpr,  # key_frame=rotated: low-rank key scores are (q B^T) . latents, no RoPE per token
+    MIN_TILES: tl.constexpr,  # the fewest tiles a split takes (MIN_TOKENS_PER_SPLIT / BLOCK_N)
+    ASM: tl.constexpr,  # residual codes unpacked by inline PTX (compiled only; the interpreter takes the plain path)
+):
+    """Grid (B, num_kv_heads, num_splits + 1): the first splits share the closed (compressed) blocks' tiles, at
+    least MIN_TILES each, and program num_splits takes the window. The split count comes from the block table's
+    width; the sequence's own length can leave the last splits without tiles. Those store nothing, and the
+    window's partial goes right after the busy splits', so the merge reads only partials with tokens behind them
+    (`merge_if_last`: one chunk of 32 partials instead of two at B=1 L=4k, BENCHMARKS.md 2g)."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    TILES: tl.constexpr = BLOCK_SIZE // BLOCK_N
+    pid_b = tl.program_id(0).to(tl.int64)
+    pid_kvh = tl.program_id(1)
+    pid_s = tl.program_id(2)
+
+    seq_len = tl.load(Seq_lens + pid_b)
+    n_closed = tl.maximum(seq_len - 1, 0) // BLOCK_SIZE  # the window holds the last 1..BLOCK_SIZE tokens
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_h = tl.arange(0, HALF)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_r = tl.arange(0, BLOCK_R)
+    mask_g = offs_g < GROUP
+    heads = pid_kvh * GROUP + offs_g
+
+    # -- the group's queries, as RoPE halves
+    q_row = Q + pid_b * stride_qb + heads[:, None] * stride_qh
+    q1 = tl.load(q_row + offs_h[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16)
+    q2 = tl.load(q_row + HALF + offs_h[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    n_tiles = n_closed * TILES
+    tiles_per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), MIN_TILES)
+    busy = tl.cdiv(n_tiles, tiles_per_split)  # splits with tiles; the window's partial is the next one
+    part = tl.where(pid_s == num_splits, busy, pid_s)
+    o_row, lse_row = Mid_o + pid_b * stride_mob + part * stride_mos, Mid_lse + pid_b * stride_mlb + part
+
+    if pid_s == num_splits:
+        acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
+        # ---------------- the window: full precision, keys before RoPE ----------------
+        slot = tl.load(Window_slots + pid_b).to(tl.int64)
+        w_off = slot * stride_wn + pid_kvh.to(tl.int64) * stride_wh
+        start = n_closed * BLOCK_SIZE
+        # not pipelined: the window is one or two tiles, and a pipeline's buffers for its fp32 tiles took stage 1
+        # from 26.6 to 75.8 KB of shared memory: 3 programs per SM instead of 4 (BENCHMARKS.md section 2i)
+        for start_n in tl.range(start, seq_len, BLOCK_N, num_stages=1):
+            mask_n = start_n + offs_n < seq_len
+            rows = (start_n - start + offs_n).to(tl.int64) * stride_wt + w_off
+            k_ptrs = Window_k + rows[:, None]
+            k1 = tl.load(k_ptrs + offs_h[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
+            k2 = tl.load(k_ptrs + HALF + offs_h[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
+            cs_off = (start_n + offs_n)[:, None] * stride_cs + offs_h[None, :]
+            cos = tl.load(Cos + cs_off, mask=mask_n[:, None], other=1.0)
+            sin = tl.load(Sin + cs_off, mask=mask_n[:, None], other=0.0)
+            r1, r2 = _rope(k1, k2, cos, sin)
+            s = tl.dot(q1, tl.trans(r1.to(tl.float16))) + tl.dot(q2, tl.trans(r2.to(tl.float16)))
+            p, alpha, m_i, l_i = softmax_update(s * qk_scale, mask_n, m_i, l_i)
+            v = tl.load(Window_v + rows[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v.to(tl.float16))
+        store_partial(o_row, lse_row, acc, m_i, l_i, heads, offs_d, mask_g, offs_d < HEAD_DIM, stride_moh, stride_mlh)
+    elif pid_s < busy:
+        # ---------------- closed blocks, compressed: whole tiles, split evenly ----------------
+        t_start = pid_s * tiles_per_split
+        t_end = tl.minimum(t_start + tiles_per_split, n_tiles)
+        offs_s = tl.arange(0, BLOCK_S)
+        bt_row = Block_tables + pid_b * stride_btb
+        kvh64 = pid_kvh.to(tl.int64)
+        if not ROTATED_KEYS:
+            # cos/sin(j * theta) of the token offsets j inside a tile (table rows 0..BLOCK_N-1), the same for every tile
+            j_off = offs_n[:, None] * stride_cs + offs_h[None, :]
+            cos_j = tl.load(Cos + j_off).to(tl.float16)
+            sin_j = tl.load(Sin + j_off).to(tl.float16)
+        all_n = offs_n < BLOCK_N
+        mask_s = offs_s < 2 * NUM_KV_HEADS
+        # residual runs (backend.kv_formats.pack_bits): a key's columns come as PK runs of NK, one per code
+        # position in its bytes; the query is held as the same runs, the output accumulates as PV runs of NV
+        PK: tl.constexpr = 8 // K_BITS
+        NK: tl.constexpr = HEAD_DIM // PK
+        PV: tl.constexpr = 8 // V_BITS
+        NV: tl.constexpr = HEAD_DIM // PV
+        offs_kc = tl.arange(0, NK)
+        offs_vc = tl.arange(0, NV)
+        # run r of the query divided by 2^(r K_BITS) (exact in fp16), so that the runs' dots add up in one
+        # accumulator; k_bias: 1024 times their sum, the codes' bias in that accumulator
+        qk0 = tl.load(q_row + offs_kc[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16)
+        k_bias = tl.sum(qk0.to(tl.float32), 1)
+        if PK >= 2:
+            qk1 = (tl.load(q_row + NK + offs_kc[None, :], mask=mask_g[:, None], other=0.0)
+                   * (1.0 / (1 << K_BITS))).to(tl.float16)
+            k_bias += tl.sum(qk1.to(tl.float32), 1)
+        if PK == 4:
+            qk2 = (tl.load(q_row + 2 * NK + offs_kc[None, :], mask=mask_g[:, None], other=0.0) * 0.0625).to(tl.float16)
+            qk3 = (tl.load(q_row + 3 * NK + offs_kc[None, :], mask=mask_g[:, None], other=0.0)
+                   * 0.015625).to(tl.float16)
+            k_bias += tl.sum(qk2.to(tl.float32), 1) + tl.sum(qk3.to(tl.float32), 1)
+        k_bias *= 1024.0
+        q_sum = tl.sum(q1.to(tl.float32), 1) + tl.sum(q2.to(tl.float32), 1)
+        acc0 = tl.zeros([BLOCK_G, NV], dtype=tl.float32)
+        if PV >= 2:
+            acc1 = tl.zeros([BLOCK_G, NV], dtype=tl.float32)
+        if PV == 4:
+            acc2 = tl.zeros([BLOCK_G, NV], dtype=tl.float32)
+            acc3 = tl.zeros([BLOCK_G, NV], dtype=tl.float32)
+        # the block id and ranks of the next tile are loaded one iteration ahead (a chain of two loads; the index
+        # is clamped into the sequence's table so that the last prefetch reads a valid entry). The scales too: too
+        # narrow for Triton's pipeliner (one fp16 per token or row), they would be waited for in every tile.
+        last = tl.maximum(n_tiles - 1, 0)
+        next_block = tl.load(bt_row + tl.minimum(t_start, last) // TILES).to(tl.int64)
+        next_rk = tl.load(Ranks + next_block * stride_rkn + offs_s, mask=mask_s, other=0)
+        bk_s, lk_s, lk_z, bv_s, lv_s, lv_z = _stream_scales(next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale,
+                                                            Latent_scale, Latent_zero, stride_bsn, NUM_KV_HEADS)
+        ks_next = next_block * stride_ksn + kvh64 * stride_ksh + ((t_start % TILES) * BLOCK_N + offs_n) * stride_kst
+        vs_next = next_block * stride_vsn + kvh64 * stride_vsh + ((t_start % TILES) * BLOCK_N + offs_n) * stride_vst
+        k_rs, k_rz = tl.load(K_rscale + ks_next), tl.load(K_rzero + ks_next)
+        v_rs, v_rz = tl.load(V_rscale + vs_next), tl.load(V_rzero + vs_next)
+        for t in range(t_start, t_end):
+            blk = t // TILES
+            rows = (t % TILES) * BLOCK_N + offs_n  # token rows inside the block
+            block = next_block
+            rk = next_rk.to(tl.int32)
+            next_block = tl.load(bt_row + tl.minimum(t + 1, last) // TILES).to(tl.int64)
+            next_rk = tl.load(Ranks + next_block * stride_rkn + offs_s, mask=mask_s, other=0)
+            next_rows = (tl.minimum(t + 1, last) % TILES) * BLOCK_N + offs_n
+            ks_next = next_block * stride_ksn + kvh64 * stride_ksh + next_rows * stride_kst
+            vs_next = next_block * stride_vsn + kvh64 * stride_vsh + next_rows * stride_vst
+
+            # -- this head's K and V streams: offset and rank inside the block's R rows
+            off_k = tl.sum(tl.where(offs_s < pid_kvh, rk, 0), 0)
+            r_k = tl.sum(tl.where(offs_s == pid_kvh, rk, 0), 0)
+            off_v = tl.sum(tl.where(offs_s < NUM_KV_HEADS + pid_kvh, rk, 0), 0)
+            r_v = tl.sum(tl.where(offs_s == NUM_KV_HEADS + pid_kvh, rk, 0), 0)
+            mk = offs_r < r_k
+            mv = offs_r < r_v
+            sc_blk = block * stride_bsn
+            basis_blk = Basis + block * stride_bn
+            lat_blk = Latent + block * stride_ln
+
+            bk1 = _load_2d(basis_blk + off_k * stride_br, offs_r, offs_h, mk, offs_h < HALF, stride_br, 1)
+            bk2 = _load_2d(basis_blk + off_k * stride_br + HALF, offs_r, offs_h, mk, offs_h < HALF, stride_br, 1)
+            lk = _load_2d(lat_blk + off_k * stride_lr, rows, offs_r, all_n, mk, stride_lt, stride_lr)
+            if ROTATED_KEYS:
+                # -- keys: q . (lat_t B) = (q B^T) . lat_t. Basis and latent codes go to tl.dot as they are (fp16 by
+                #    bit pattern); the basis scale, the latents' scale and zero come off the [G, R] matrix q B^T
+                qb = tl.dot(q1, tl.trans(_s8_code(bk1))) + tl.dot(q2, tl.trans(_s8_code(bk2)))
+                qb *= bk_s.to(tl.float32)[None, :]
+                # the latent codes centred (code - 128, exact in fp16): the fp16 rounding of q B^T * scale then
+                # moves the scores by about half what it did against codes 0..255 (test_gqa_and_ranks, group 8)
+                s_low = tl.dot((qb * lk_s.to(tl.float32)[None, :]).to(tl.float16),
+                               tl.trans(_fp16_bits(lk.to(tl.int16)) - 1152.0))
+                s_low += tl.sum(qb * (lk_z.to(tl.float32) + 128.0 * lk_s.to(tl.float32))[None, :], 1)[:, None]
+            else:
+                bk1 = bk1 * bk_s.to(tl.float32)[:, None]
+                bk2 = bk2 * bk_s.to(tl.float32)[:, None]
+                # -- keys: the basis rotated to the tile's first position, latents @ basis', RoPE_j, + residual
+                p0_off = (blk * BLOCK_SIZE + t % TILES * BLOCK_N).to(tl.int64) * stride_cs + offs_h
+                b1, b2 = _rope(bk1, bk2, tl.load(Cos + p0_off)[None, :], tl.load(Sin + p0_off)[None, :])
+                lk = lk.to(tl.float32) * lk_s.to(tl.float32)[None, :] + lk_z.to(tl.float32)[None, :]
+                lk = lk.to(tl.float16)
+                # the rebuilt keys and their RoPE in fp16: half the registers, and they go to tl.dot as fp16 anyway
+                k1, k2 = _rope(tl.dot(lk, b1.to(tl.float16), out_dtype=tl.float16),
+                               tl.dot(lk, b2.to(tl.float16), out_dtype=tl.float16), cos_j, sin_j)
+                s_low = tl.dot(q1, tl.trans(k1.to(tl.float16))) + tl.dot(q2, tl.trans(k2.to(tl.float16)))
+            # -- key residual, codes * rscale + rzero per token: q . e = rscale (q . codes) + rzero sum(q); run r
+            #    of the codes arrives as 1024 + code * 2^(r K_BITS), its query run divided by 2^(r K_BITS)
+            kc = _code_runs(tl.load(K_resid + block * stride_krn + kvh64 * stride_krh + rows[:, None] * stride_krt
+                                    + offs_kc[None, :]), K_BITS, ASM)
+            s_res = tl.dot(qk0, tl.trans(kc[0]))
+            if PK >= 2:
+                s_res = tl.dot(qk1, tl.trans(kc[1]), s_res)
+            if PK == 4:
+                s_res = tl.dot(qk3, tl.trans(kc[3]), tl.dot(qk2, tl.trans(kc[2]), s_res))
+            s = s_low + (s_res - k_bias[:, None]) * k_rs.to(tl.float32)[None, :] \
+                + q_sum[:, None] * k_rz.to(tl.float32)[None, :]
+            k_rs, k_rz = tl.load(K_rscale + ks_next), tl.load(K_rzero + ks_next)  # the next tile's, from here on
+            p, alpha, m_i, l_i = softmax_update(s * qk_scale, all_n, m_i, l_i)
+            p16 = p.to(tl.float16)
+
+            # -- values: p @ latents, up-projected run by run by the block's basis, + (p * rscale) @ codes +
+            #    p . rzero
+            lv = _load_2d(lat_blk + off_v * stride_lr, rows, offs_r, all_n, mv, stride_lt, stride_lr)
+            # latent and basis codes go to tl.dot as they are; their scales and zero come off p @ codes [G, R]
+            p_lat = tl.dot(p16, fp16_code(lv.to(tl.int16))) * lv_s.to(tl.float32)[None, :] \
+                + tl.sum(p16.to(tl.float32), 1)[:, None] * lv_z.to(tl.float32)[None, :]
+            p_lat = (p_lat * bv_s.to(tl.float32)[None, :]).to(tl.float16)  # [BLOCK_G, BLOCK_R]
+            bv_blk = basis_blk + off_v * stride_br
+            ps = (p * v_rs.to(tl.float32)[None, :]).to(tl.float16)
+            p_zero = tl.sum(p * v_rz.to(tl.float32)[None, :], 1)[:, None]
+            ps_bias = 1024.0 * tl.sum(ps.to(tl.float32), 1)[:, None]  # the codes' bias in p @ codes
+            v_rs, v_rz = tl.load(V_rscale + vs_next), tl.load(V_rzero + vs_next)
+            vc = _code_runs(tl.load(V_resid + block * stride_vrn + kvh64 * stride_vrh + rows[:, None] * stride_vrt
+                                    + offs_vc[None, :]), V_BITS, ASM)
+            # acc{r} holds 2^(r V_BITS) times its output columns (taken off at the end), so run r's codes, as they
+            # arrive, need no scaling per element; its low-rank part and zero are scaled instead ([G, R], [G, 1])
+            bv = _s8_code(_load_2d(bv_blk, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1))
+            acc0 = tl.dot(p_lat, bv, tl.dot(ps, vc[0], acc0 * alpha[:, None] + (p_zero - ps_bias)))
+            if PV >= 2:
+                bv = _s8_code(_load_2d(bv_blk + NV, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1))
+                acc1 = tl.dot((p_lat * (1 << V_BITS)).to(tl.float16), bv,
+                              tl.dot(ps, vc[1], acc1 * alpha[:, None] + (p_zero * (1 << V_BITS) - ps_bias)))
+            if PV == 4:
+                bv = _s8_code(_load_2d(bv_blk + 2 * NV, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1))
+                acc2 = tl.dot((p_lat * 16).to(tl.float16), bv,
+                              tl.dot(ps, vc[2], acc2 * alpha[:, None] + (p_zero * 16 - ps_bias)))
+                bv = _s8_code(_load_2d(bv_blk + 3 * NV, offs_r, offs_vc, mv, offs_vc < NV, stride_br, 1))
+                acc3 = tl.dot((p_lat * 64).to(tl.float16), bv,
+                              tl.dot(ps, vc[3], acc3 * alpha[:, None] + (p_zero * 64 - ps_bias)))
+            bk_s, lk_s, lk_z, bv_s, lv_s, lv_z = _stream_scales(
+                next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale, Latent_scale, Latent_zero, stride_bsn,
+                NUM_KV_HEADS)
+
+        # output columns RUN * NV .. RUN * NV + NV - 1 are acc{RUN}
+        all_vc = offs_vc < NV
+        store_partial(o_row, lse_row, acc0, m_i, l_i, heads, offs_vc, mask_g, all_vc, stride_moh, stride_mlh)
+        if PV >= 2:
+            store_partial(o_row, lse_row, acc1 * (1.0 / (1 << V_BITS)), m_i, l_i, heads, NV + offs_vc, mask_g, all_vc,
+                          stride_moh, stride_mlh)
+        if PV == 4:
+            store_partial(o_row, lse_row, acc2 * 0.0625, m_i, l_i, heads, 2 * NV + offs_vc, mask_g, all_vc,
+                          stride_moh, stride_mlh)
+            store_partial(o_row, lse_row, acc3 * 0.015625, m_i, l_i, heads, 3 * NV + offs_vc, mask_g, all_vc,
+                          stride_moh, stride_mlh)
+
+    merge_if_last(Tickets + pid_b * NUM_KV_HEADS + pid_kvh, num_splits + 1, busy + 1, Mid_o + pid_b * stride_mob,
+                  Mid_lse + pid_b * stride_mlb, Out + pid_b * stride_ob, heads, mask_g,
+                  offs_d, offs_d < HEAD_DIM, stride_moh, stride_mos, stride_mlh, stride_oh, BLOCK_G, HEAD_DIM,
+                  MERGE_CHUNK)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+def _stage1_config(q, cache: AlrkvdLayer) -> dict:
+    """Stage 1's launch parameters (kernels/tuning.py), MIN_TOKENS_PER_SPLIT included."""
+    batch, num_q_heads, head_dim = q.shape
+    group = num_q_heads // cache.num_kv_heads
+    cfg = get_config("alrkvd_decode_stage1",
+                     f"head_dim={head_dim},group={group},block_size={cache.block_size},k_bits={cache.k_bits}",
+                     q.device, _DEFAULT_STAGE1)
+    return launch_config(cfg, batch * cache.num_kv_heads >= MANY_PAIRS, cache.rank_max, cache.rotated_keys)
+
+
+def launch_config(cfg: dict, many_pairs: bool, rank_max: int, rotated_keys: bool) -> dict:
+    """The launch a `_DEFAULT_STAGE1`-style config gives: its *_MANY_PAIRS entries applied from MANY_PAIRS
+    (sequence, kv head) pairs up, and dropped."""
+    cfg = dict(cfg)
+    many_pairs_warps = cfg.pop("NUM_WARPS_MANY_PAIRS", None)
+    heavy_tile = cfg.pop("BLOCK_N_MANY_PAIRS_HEAVY", None)
+    if many_pairs and many_pairs_warps:
+        cfg["num_warps"] = many_pairs_warps
+        if heavy_tile and (rank_max > 32 or not rotated_keys):
+            cfg["BLOCK_N"] = heavy_tile
+    return cfg
+
+
+def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_lens, window_slots,
+                   cos, sin, scale, mid_o, mid_lse, out, tickets, cfg: dict, min_tokens: int, warmup: bool = False):
+    """Launches stage 1 (or, with `warmup`, only compiles it); returns the compiled kernel."""
+    batch, num_q_heads, head_dim = q.shape
+    num_kv_heads, block_size = cache.num_kv_heads, cache.block_size
+    num_partials = mid_o.shape[2]
+    assert mid_o.shape == (batch, num_q_heads, num_partials, head_dim) and mid_o.dtype == torch.float32
+    assert mid_lse.shape == (batch, num_q_heads, num_partials) and mid_lse.dtype == torch.float32
+    group = num_q_heads // num_kv_heads
+    block_n = min(cfg.pop("BLOCK_N"), block_size)
+    assert block_size % block_n == 0
+    grid = (batch, num_kv_heads, num_partials)
+    launch = functools.partial(_alrkvd_decode_stage1.warmup, grid=grid) if warmup else _alrkvd_decode_stage1[grid]
+    return launch(
+        q, block_tables, seq_lens, window_slots, window_k, window_v, cos, sin,
+        cache.ranks, cache.basis, cache.basis_scale, cache.latent, cache.latent_scale, cache.latent_zero,
+        cache.k_resid, cache.k_rscale, cache.k_rzero, cache.v_resid, cache.v_rscale, cache.v_rzero,
+        mid_o, mid_lse, out, tickets,
+        scale * LOG2E, num_partials - 1,
+        q.stride(0), q.stride(1), block_tables.stride(0), cos.stride(0),
+        window_k.stride(0), window_k.stride(1), window_k.stride(2),
+        cache.ranks.stride(0),
+        cache.basis.stride(0), cache.basis.stride(1),
+        cache.basis_scale.stride(0),
+        cache.latent.stride(0), cache.latent.stride(1), cache.latent.stride(2),
+        cache.k_resid.stride(0), cache.k_resid.stride(1), cache.k_resid.stride(2),
+        cache.k_rscale.stride(0), cache.k_rscale.stride(1), cache.k_rscale.stride(2),
+        cache.v_resid.stride(0), cache.v_resid.stride(1), cache.v_resid.stride(2),
+        cache.v_rscale.stride(0), cache.v_rscale.stride(1), cache.v_rscale.stride(2),
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1),
+        NUM_KV_HEADS=num_kv_heads, GROUP=group,
+        BLOCK_G=triton.next_power_of_2(group),  # not 16: tl.dot pads M itself, the tiles keep G rows
+        MERGE_CHUNK=merge_chunk(group, head_dim, cfg["num_warps"]),
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, BLOCK_N=block_n,
+        BLOCK_R=max(16, triton.next_power_of_2(cache.rank_max)),
+        BLOCK_S=triton.next_power_of_2(2 * num_kv_heads),
+        K_BITS=cache.k_bits, V_BITS=cache.v_bits, ROTATED_KEYS=cache.rotated_keys,
+        MIN_TILES=max(1, min_tokens // block_n), ASM=q.is_cuda, **cfg,
+    )
+
+
+def _check_layer(cache: AlrkvdLayer, window_k, window_v) -> None:
+    H, D, T = cache.num_kv_heads, cache.head_dim, cache.block_size
+    assert D & (D - 1) == 0 and D >= 32, "head_dim must be a power of two >= 32"
+    assert cache.ranks.dtype == torch.int16 and cache.basis.dtype == torch.int8
+    assert cache.latent.dtype == torch.uint8 and cache.latent.shape[2] == cache.basis.shape[1]
+    for t in (cache.basis, cache.k_resid, cache.v_resid, cache.ranks, cache.basis_scale, cache.latent_scale,
+              cache.latent_zero):
+        assert t.stride(-1) == 1
+    assert cache.k_rscale.shape[-1] == 1 and cache.k_rzero.stride() == cache.k_rscale.stride()
+    assert cache.v_rscale.shape[-1] == 1 and cache.v_rzero.stride() == cache.v_rscale.stride()
+    assert window_k.shape[1:] == (T, H, D) and window_k.shape == window_v.shape
+    assert window_k.stride() == window_v.stride() and window_k.stride(-1) == 1
+
+
+def alrkvd_decode_attention(
+    q: torch.Tensor,
+    cache: AlrkvdLayer,
+    window_k: torch.Tensor,
+    window_v: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    window_slots: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+    tickets: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Decode attention of `q [B, Hq, D]` (rotated) over an ALR-KVD layer; returns `[B, Hq, D]`.
+
+    cache: `AlrkvdLayer.from_format(fmt, layer)`. window_k/window_v: this layer's window
+    `[num_slots, block_size, Hkv, D]` (keys not rotated). block_tables `[B, max_blocks]` int32: the
+    first (seq_len - 1) // block_size entries are the closed blocks; the window holds the other
+    1..block_size tokens. seq_lens `[B]` int32: cached tokens,
+    the new one included. window_slots `[B]` int32: each sequence's window slot. cos/sin: RoPE tables
+    `[max_pos, D]` fp32 (backend.model.Rotary.cos/.sin), max_pos >= every seq_len. num_splits: programs per (sequence, kv head) over the
+    closed blocks (one more takes the window); default from the shapes. tickets: int32 zeros of at least
+    B x Hkv entries, 0 again after the call (`decode_tickets`); None allocates them. No host sync.
+    """
+    batch, num_q_heads, head_dim = q.shape
+    num_kv_heads, block_size = cache.num_kv_heads, cache.block_size
+    check_decode_inputs(q, block_tables, seq_lens, num_kv_heads, head_dim)
+    _check_layer(cache, window_k, window_v)
+    assert cache.head_dim == head_dim
+    assert window_slots.dtype == torch.int32 and window_slots.shape == (batch,)
+    assert cos.dtype == sin.dtype == torch.float32 and cos.shape == sin.shape and cos.shape[1] == head_dim
+    assert cos.stride() == sin.stride() and cos.stride(1) == 1 and cos.shape[0] >= block_size
+    cfg = _stage1_config(q, cache)
+    min_tokens = cfg.pop("MIN_TOKENS_PER_SPLIT", MIN_TOKENS_PER_SPLIT)
+    tickets = decode_tickets(tickets, batch * num_kv_heads, q.device)
+    inputs = (q, cache, window_k, window_v, block_tables, seq_lens, window_slots, cos, sin, scale)
+
+    def partials(n):
+        return (torch.empty(batch, num_q_heads, n, head_dim, dtype=torch.float32, device=q.device),
+                torch.empty(batch, num_q_heads, n, dtype=torch.float32, device=q.device),
+                torch.empty(batch, num_q_heads, head_dim, dtype=q.dtype, device=q.device))
+
+    if num_splits is None:  # whole waves of the programs the GPU runs at once
+        key = ("alrkvd", q.device, q.dtype, q.shape[1:], cache.block_size, num_kv_heads, cache.k_bits, cache.v_bits,
+               cache.rank_max, cache.rotated_keys, tuple(sorted(cfg.items())))
+        num_splits = windowed_num_splits(
+            lambda: _alrkvd_stage1(*inputs, *partials(3), tickets, dict(cfg), min_tokens, warmup=True), key,
+            batch, num_kv_heads, block_tables.shape[1], block_size, min(cfg["BLOCK_N"], block_size), min_tokens,
+            q.device)
+    mid_o, mid_lse, out = partials(num_splits + 1)
+    _alrkvd_stage1(*inputs, mid_o, mid_lse, out, tickets, cfg, min_tokens)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# PyTorch reference
+# ----------------------------------------------------------------------------------------------
+def _unpack_ref(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """backend.kv_formats.unpack_bits, restated: uint8 [..., packed] -> int64 codes [..., n]."""
+    p = packed.long()
+    out = torch.zeros(*p.shape[:-1], n, dtype=torch.long, device=p.device)
+    planes = [8] if bits == 8 else [w for w in (4, 2, 1) if bits & w]
+    pos = shift = 0
+    for w in planes:
+        per = 8 // w
+        chunk = p[..., pos:pos + n // per]  # value j in byte j % (n // per) at bit (j // (n // per)) * w
+        vals = (chunk[..., None, :] >> (torch.arange(per, device=p.device)[:, None] * w)) & ((1 << w) - 1)
+        out |= vals.reshape(*p.shape[:-1], n) << shift
+        pos += n // per
+        shift += w
+    return out
+
+
+def alrkvd_decode_blocks_ref(cache: AlrkvdLayer, blocks: torch.Tensor, cos: torch.Tensor,
+                             sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 keys (rotated) and values `[len(blocks) * T, H, D]` of closed blocks, taken as the first
+    blocks of a sequence (token i at position i)."""
+    H, D, T = cache.num_kv_heads, cache.head_dim, cache.block_size
+    blocks = blocks.long()
+    n = blocks.numel()
+    basis = cache.basis[blocks].float() * cache.basis_scale[blocks].float()[..., None]  # [n, R, D]
+    lat = cache.latent[blocks].float() * cache.latent_scale[blocks].float()[:, None] \
+        + cache.latent_zero[blocks].float()[:, None]  # [n, T, R]
+    ranks = cache.ranks[blocks].long()  # [n, 2H]
+    low = torch.zeros(n, T, 2 * H, D, device=basis.device)
+    for i in range(n):
+        ends = ranks[i].cumsum(0).tolist()
+        for s, (a, b) in enumerate(zip([0] + ends[:-1], ends)):
+            low[i, :, s] = lat[i, :, a:b] @ basis[i, a:b]
+    low = low.flatten(0, 1)  # [n T, 2H, D]
+    resid = [_unpack_ref(getattr(cache, f"{kv}_resid")[blocks], getattr(cache, f"{kv}_bits"), D).float()
+             * getattr(cache, f"{kv}_rscale")[blocks].float() + getattr(cache, f"{kv}_rzero")[blocks].float()
+             for kv in ("k", "v")]  # [n, T, H, D]
+    k = (low[:, :H] if cache.rotated_keys else rope_ref(low[:, :H], cos[: n * T], sin[: n * T])) + resid[0].flatten(0, 1)
+    return k, low[:, H:] + resid[1].flatten(0, 1)
+
+
+def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF half-split RoPE of `x [L, H, D]` in fp32 with the table rows `cos`, `sin` `[L, D]` of its positions."""
+    half = x.shape[-1] // 2
+    return x.float() * cos[:, None] + torch.cat([-x[..., half:], x[..., :half]], -1).float() * sin[:, None]
+
+
+def alrkvd_decode_attention_ref(
+    q: torch.Tensor,
+    cache: AlrkvdLayer,
+    window_k: torch.Tensor,
+    window_v: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    window_slots: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+    kv_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """The contract of `alrkvd_decode_attention` in fp32 PyTorch (decode blocks and window, attend).
+    `num_splits` is ignored; `kv_dtype` rounds the rebuilt, rotated keys and the values to that dtype
+    before attending (what the kernel's fp16 tl.dot operands do), for error budgets in tests."""
+    out = torch.empty_like(q)
+    T = cache.block_size
+    for b, seq_len in enumerate(seq_lens.tolist()):
+        n_closed = max(seq_len - 1, 0) // T
+        k, v = alrkvd_decode_blocks_ref(cache, block_tables[b, :n_closed], cos, sin)
+        slot = int(window_slots[b])
+        k = torch.cat([k, rope_ref(window_k[slot, : seq_len - n_closed * T], cos[n_closed * T:seq_len],
+                                   sin[n_closed * T:seq_len])])
+        v = torch.cat([v, window_v[slot, : seq_len - n_closed * T].float()])
+        if kv_dtype is not None:
+            k, v = k.to(kv_dtype), v.to(kv_dtype)
+        out[b] = attend_ref(q[b], k, v, scale).to(q.dtype)
+    return out
