@@ -13,7 +13,8 @@ V0..V{H-1}, stream s owning rows [sum(ranks[:s]), sum(ranks[:s+1]))):
     latent [T, R] uint8, stored stream-major ([R, T] in memory: a stream's latents are rows of T
         contiguous bytes) (+ latent_scale, latent_zero [R] fp16),
     {k,v}_resid [T, H, packed(D, bits)] uint8 (backend.kv_formats.pack_bits: run r of the codes, the bits
-        at r * bits of every byte, holds columns r * D/PER .. of the row, PER = 8 // bits),
+        at r * bits of every byte, holds columns r * D/PER .. of the row, PER = 8 // bits); v_resid stored
+        head-major ([H, packed, T]: a byte column's tokens contiguous, as the value dot pairs them),
     {k,v}_rscale and {k,v}_rzero [T, H, 1] fp16, stored head-major ([H, 1, T]: a head's tokens contiguous).
     value(t)          = (latent_t * scale + zero) @ (basis * basis_scale) + codes_t * rscale_t + rzero_t
     rotated key(t)    = (latent_t * scale + zero) @ (basis * basis_scale) + codes_t * rscale_t + rzero_t    (rotated)
@@ -27,21 +28,24 @@ fills in this step is still read from the window, so the cache compresses it aft
 with the blocks of every layer in one call (backend/kv_cache.py), instead of before each layer's attention.
 
 Stage 1 (one program per sequence, kv head and split of the closed tiles; the extra split index
-num_splits takes the window), per tile of BLOCK_N tokens of a closed block:
-    keys:   the head's basis rows rotated once to the tile's first position p0 (RoPE is a rotation
-            per frequency pair, so RoPE_{p0 + j} = RoPE_j o RoPE_{p0}), k = latents @ basis', then
-            RoPE_j with cos/sin(j * theta) (table rows 0..BLOCK_N-1) held in registers for the whole loop
-            (ROTATED_KEYS: (q B^T) * latent scale, dotted with the latent codes, + (q B^T) . latent zero);
-            scores of every query head of the GQA group with tl.dot, the low-rank part and the residual
-            apart: q . e_t = rscale_t (q . codes_t) + rzero_t sum(q), one dot per code run with the same
-            run of query columns, so no per-element scale, zero or interleave;
-    values: p @ latents (accumulated in latent space), up-projected by the tile's basis, plus
-            (p * rscale) @ codes + p . rzero, accumulated run by run (output columns of run r in acc{r}).
+num_splits takes the window), per tile of BLOCK_N tokens of a closed block, every dot transposed: tokens (or head
+dims, or ranks) on the mma's 16-row side, the GQA group on its 8-column side (BLOCK_GN >= 8 columns, the padding
+zero). With the group on the 16-row side, 4 query heads padded to 16 rows cost twice the HMMA and about 500 register
+copies a tile, which rebuild the padded rows of each chained accumulator and operand (BENCHMARKS.md sections 2m, 2n):
+    keys:   S^T [BLOCK_N, GN] = latents (q B^T)^T + residual codes q^T (ROTATED_KEYS: the whole key compressed after
+            RoPE, q B^T [R, GN] once a tile; post_rope: the basis rotated once to the tile's first position p0 (RoPE
+            is a rotation per frequency pair, so RoPE_{p0 + j} = RoPE_j o RoPE_{p0}), k = latents @ basis', then
+            RoPE_j with cos/sin(j * theta) held in registers for the whole loop); the residual apart: q . e_t =
+            rscale_t (q . codes_t) + rzero_t sum(q), one dot per code run with the same run of query columns, so no
+            per-element scale, zero or interleave; softmax over the tokens (axis 0);
+    values: out^T [D, GN] += basis^T (latents^T p) (accumulated in latent space, up-projected once a tile by the
+            block's basis) + codes^T (p * rscale) + rzero . p, accumulated run by run (output rows of run r in acc{r}).
 Codes become fp16 without an int-to-float conversion: the bits of run r masked in place and OR-ed with
-0x6400 read as the fp16 1024 + code * 2^(r * bits). Residual codes go to tl.dot biased, two per instruction
-(inline PTX when compiled): the 1024 comes off each dot's result once per row, the power of two off the query run
-(keys) or the run's accumulator (values, at the end). The scales, too narrow for Triton's pipeliner, are loaded a
-tile ahead by hand (BENCHMARKS.md section 2j). Stage 2 runs in stage 1: the last program of a (sequence, kv head) to finish merges the
+0x6400 read as the fp16 1024 + code * 2^(r * bits); latent bytes read as 1024 + code, basis bytes (sign bit flipped)
+as 1152 + code. They go to tl.dot biased, two per instruction (inline PTX when compiled), and each bias comes off
+the dot's result once per column: the power of two of a residual run off the query run (keys) or the run's
+accumulator (values, at the end). The scales, too narrow for Triton's pipeliner, are loaded a tile ahead by hand
+(BENCHMARKS.md section 2j). Stage 2 runs in stage 1: the last program of a (sequence, kv head) to finish merges the
 partials (`kernels.paged_attention.merge_if_last`): no second kernel, 1 us less at B=1 L=4k on the H200
 (BENCHMARKS.md section 2e; the paged and KIVI kernels measured slower with it and keep `decode_reduce`).
 
@@ -365,6 +369,7 @@ def _alrkvd_decode_stage1(
         bt_row = Block_tables + pid_b * stride_btb
         kvh64 = pid_kvh.to(tl.int64)
         mask_s = offs_s < 2 * NUM_KV_HEADS
+        all_n = offs_n < BLOCK_N
         if not ROTATED_KEYS:
             # cos/sin(j * theta) of the token offsets j inside a tile (table rows 0..BLOCK_N-1), the same for every tile
             j_off = offs_n[:, None] * stride_cs + offs_h[None, :]
@@ -376,7 +381,10 @@ def _alrkvd_decode_stage1(
         NV: tl.constexpr = HEAD_DIM // PV
         offs_kc = tl.arange(0, NK)
         offs_vc = tl.arange(0, NV)
-        # the query transposed, [D, GN]: halves for q B^T, code runs (run r divided by 2^(r K_BITS)) for the residual
+        # the query transposed, [D, GN]: halves for q B^T, and for the residual the runs of backend.kv_formats.pack_bits
+        # (a key's columns come as PK runs of NK, one per code position in its bytes), run r divided by 2^(r K_BITS)
+        # (exact in fp16) so that the runs' dots add up in one accumulator; k_bias: 1024 times their sum, the codes'
+        # bias in that accumulator. The output accumulates as PV runs of NV rows.
         q1t = tl.load(qt_row + offs_h[:, None], mask=mask_gn[None, :], other=0.0).to(tl.float16)
         q2t = tl.load(qt_row + HALF + offs_h[:, None], mask=mask_gn[None, :], other=0.0).to(tl.float16)
         qk0 = tl.load(qt_row + offs_kc[:, None], mask=mask_gn[None, :], other=0.0).to(tl.float16)
@@ -386,7 +394,8 @@ def _alrkvd_decode_stage1(
                    * (1.0 / (1 << K_BITS))).to(tl.float16)
             k_bias += tl.sum(qk1.to(tl.float32), 0)
         if PK == 4:
-            qk2 = (tl.load(qt_row + 2 * NK + offs_kc[:, None], mask=mask_gn[None, :], other=0.0) * 0.0625).to(tl.float16)
+            qk2 = (tl.load(qt_row + 2 * NK + offs_kc[:, None], mask=mask_gn[None, :], other=0.0)
+                   * 0.0625).to(tl.float16)
             qk3 = (tl.load(qt_row + 3 * NK + offs_kc[:, None], mask=mask_gn[None, :], other=0.0)
                    * 0.015625).to(tl.float16)
             k_bias += tl.sum(qk2.to(tl.float32), 0) + tl.sum(qk3.to(tl.float32), 0)
@@ -400,6 +409,9 @@ def _alrkvd_decode_stage1(
         if PV == 4:
             acc2 = tl.zeros([NV, BLOCK_GN], dtype=tl.float32)
             acc3 = tl.zeros([NV, BLOCK_GN], dtype=tl.float32)
+        # the block id and ranks of the next tile are loaded one iteration ahead (a chain of two loads; the index
+        # is clamped into the sequence's table so that the last prefetch reads a valid entry). The scales too: too
+        # narrow for Triton's pipeliner (one fp16 per token or row), they would be waited for in every tile.
         last = tl.maximum(n_tiles - 1, 0)
         next_block = tl.load(bt_row + tl.minimum(t_start, last) // TILES).to(tl.int64)
         next_rk = tl.load(Ranks + next_block * stride_rkn + offs_s, mask=mask_s, other=0)
@@ -418,6 +430,7 @@ def _alrkvd_decode_stage1(
             next_rows = (tl.minimum(t + 1, last) % TILES) * BLOCK_N + offs_n
             ks_next = next_block * stride_ksn + kvh64 * stride_ksh + next_rows * stride_kst
             vs_next = next_block * stride_vsn + kvh64 * stride_vsh + next_rows * stride_vst
+            # -- this head's K and V streams: offset and rank inside the block's R rows
             off_k = tl.sum(tl.where(offs_s < pid_kvh, rk, 0), 0)
             r_k = tl.sum(tl.where(offs_s == pid_kvh, rk, 0), 0)
             off_v = tl.sum(tl.where(offs_s < NUM_KV_HEADS + pid_kvh, rk, 0), 0)
@@ -430,7 +443,7 @@ def _alrkvd_decode_stage1(
             # -- keys: S^T = latents (q B^T)^T + residual codes q^T, [BLOCK_N, GN]
             bk1 = _load_2d(basis_blk + off_k * stride_br, offs_r, offs_h, mk, offs_h < HALF, stride_br, 1)
             bk2 = _load_2d(basis_blk + off_k * stride_br + HALF, offs_r, offs_h, mk, offs_h < HALF, stride_br, 1)
-            lk = _load_2d(lat_blk + off_k * stride_lr, rows, offs_r, offs_n < BLOCK_N, mk, stride_lt, stride_lr)
+            lk = _load_2d(lat_blk + off_k * stride_lr, rows, offs_r, all_n, mk, stride_lt, stride_lr)
             if ROTATED_KEYS:
                 # q . (lat_t B) = lat_t . (q B^T): basis and latent codes go to tl.dot biased, as they are (fp16 by
                 # bit pattern: 1152 + basis code, 1024 + latent code); each bias comes off the dot's result once per
@@ -452,6 +465,8 @@ def _alrkvd_decode_stage1(
                 k1, k2 = _rope(tl.dot(lk, b1.to(tl.float16), out_dtype=tl.float16),
                                tl.dot(lk, b2.to(tl.float16), out_dtype=tl.float16), cos_j, sin_j)
                 s_low = tl.dot(k1, q1t) + tl.dot(k2, q2t)
+            # -- key residual, codes * rscale + rzero per token: q . e = rscale (q . codes) + rzero sum(q); run r
+            #    of the codes arrives as 1024 + code * 2^(r K_BITS), its query run divided by 2^(r K_BITS)
             k_bytes = tl.load(K_resid + block * stride_krn + kvh64 * stride_krh + rows[:, None] * stride_krt
                               + offs_kc[None, :])
             kc = _code_runs(k_bytes, K_BITS, ASM)
@@ -472,7 +487,7 @@ def _alrkvd_decode_stage1(
             p16 = p.to(tl.float16)
 
             # -- values, transposed: out^T [D, GN] += latents^T p (up-projected by the basis) + codes^T (p rscale)
-            lv = _load_2d(lat_blk + off_v * stride_lr, offs_r, rows, mv, offs_n < BLOCK_N, stride_lr, stride_lt)  # [R, N]
+            lv = _load_2d(lat_blk + off_v * stride_lr, offs_r, rows, mv, all_n, stride_lr, stride_lt)  # [R, N]
             # latent and basis codes go to tl.dot biased (1024 + latent code, 1152 + basis code); the biases come
             # off per column: the latents' with their zero, the basis' with the residual's zero (low_zero)
             p_lat = tl.dot(_byte_code(lv, False, ASM), p16) * lv_s.to(tl.float32)[:, None] \
@@ -480,12 +495,14 @@ def _alrkvd_decode_stage1(
             p_lat = (p_lat * bv_s.to(tl.float32)[:, None]).to(tl.float16)  # [R, GN]
             bv_blk = basis_blk + off_v * stride_br
             ps = (p * v_rs.to(tl.float32)[:, None]).to(tl.float16)
-            low_zero = tl.sum(p * v_rz.to(tl.float32)[:, None], 0)[None, :] - 1152.0 * tl.sum(p_lat.to(tl.float32), 0)[None, :]
+            low_zero = (tl.sum(p * v_rz.to(tl.float32)[:, None], 0) - 1152.0 * tl.sum(p_lat.to(tl.float32), 0))[None, :]
             ps_bias = 1024.0 * tl.sum(ps.to(tl.float32), 0)[None, :]
             v_rs, v_rz = tl.load(V_rscale + vs_next), tl.load(V_rzero + vs_next)
             v_bytes = tl.load(V_resid + block * stride_vrn + kvh64 * stride_vrh + rows[None, :] * stride_vrt
                               + offs_vc[:, None] * stride_vrc)  # [NV, N]
             vc = _code_runs(v_bytes, V_BITS, ASM)
+            # acc{r} holds 2^(r V_BITS) times its output rows (taken off at the end), so run r's codes, as they
+            # arrive, need no scaling per element; its low-rank part and zero are scaled instead ([R, GN], [1, GN])
             bv = _byte_code(_load_2d(bv_blk, offs_vc, offs_r, offs_vc < NV, mv, 1, stride_br), True, ASM)
             acc0 = tl.dot(bv, p_lat, tl.dot(vc[0], ps, acc0 * alpha[None, :] + (low_zero - ps_bias)))
             if PV >= 2:
@@ -503,8 +520,10 @@ def _alrkvd_decode_stage1(
                 next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale, Latent_scale, Latent_zero, stride_bsn,
                 NUM_KV_HEADS)
 
+        # output columns RUN * NV .. RUN * NV + NV - 1 are acc{RUN}, transposed back
         all_vc = offs_vc < NV
-        store_partial(o_row, lse_row, tl.trans(acc0), m_n, l_n, heads_n, offs_vc, mask_gn, all_vc, stride_moh, stride_mlh)
+        store_partial(o_row, lse_row, tl.trans(acc0), m_n, l_n, heads_n, offs_vc, mask_gn, all_vc, stride_moh,
+                      stride_mlh)
         if PV >= 2:
             store_partial(o_row, lse_row, tl.trans(acc1) * (1.0 / (1 << V_BITS)), m_n, l_n, heads_n, NV + offs_vc,
                           mask_gn, all_vc, stride_moh, stride_mlh)
@@ -579,7 +598,8 @@ def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_
         mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
         NUM_KV_HEADS=num_kv_heads, GROUP=group,
-        BLOCK_G=triton.next_power_of_2(group), BLOCK_GN=max(8, triton.next_power_of_2(group)),  # not 16: tl.dot pads M itself, the tiles keep G rows
+        # the window's dots keep the group on the 16-row side (tl.dot pads M itself), the closed tiles' on 8 columns
+        BLOCK_G=triton.next_power_of_2(group), BLOCK_GN=max(8, triton.next_power_of_2(group)),
         MERGE_CHUNK=merge_chunk(group, head_dim, cfg["num_warps"]),
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n,

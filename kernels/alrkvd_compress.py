@@ -76,7 +76,8 @@ def _pack_store(Row_ptrs, stride_byte, codes, BITS: tl.constexpr, T: tl.constexp
         if HAS2:
             _pack_plane_store(Row_ptrs, stride_byte, codes, HAS4 * D // 2, 2, 4 * HAS4, T, D)
         if HAS1:
-            _pack_plane_store(Row_ptrs, stride_byte, codes, HAS4 * D // 2 + HAS2 * D // 4, 1, 4 * HAS4 + 2 * HAS2, T, D)
+            _pack_plane_store(Row_ptrs, stride_byte, codes, HAS4 * D // 2 + HAS2 * D // 4, 1, 4 * HAS4 + 2 * HAS2,
+                              T, D)
 
 
 @triton.jit
