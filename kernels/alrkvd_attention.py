@@ -76,9 +76,12 @@ from kernels.tuning import get_config
 # every rank. BLOCK_N_MANY_PAIRS_HEAVY: the tile of the 2-warp launch for the heavier loops (rank_max > 32, or
 # post_rope's rebuilt keys), which were 5-14% slower at 128 from B=8 up (BENCHMARKS.md section 2l). Register caps
 # (160 at 4 warps, 168 at 2 with 64-token tiles, section 2j) were slower at 128-token tiles, and the 168 cap made
-# post_rope's 2-warp loop spill.
+# post_rope's 2-warp loop spill. LONG_TOKENS: the 2-warp launch also where fewer pairs run but the block table
+# spans this many tokens (its width: with CUDA graphs, the longest sequence a replay allows). With the transposed
+# dots, at B=1 2 warps take 86.6 against 127.2 us at L=128k and 32.2 against 38.5 at 32k, about the same at 16k,
+# and lose below (19.2 against 12.6 at 4k); B=2 and 4 the same way (BENCHMARKS.md section 2n).
 _DEFAULT_STAGE1 = {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "MIN_TOKENS_PER_SPLIT": 128,
-                   "NUM_WARPS_MANY_PAIRS": 2, "BLOCK_N_MANY_PAIRS_HEAVY": 64}
+                   "NUM_WARPS_MANY_PAIRS": 2, "BLOCK_N_MANY_PAIRS_HEAVY": 64, "LONG_TOKENS": 16384}
 MANY_PAIRS = 64
 
 # The ALRKVDFormat options this kernel reads (and group = head_dim); other options take the PyTorch path. It reads
@@ -542,20 +545,23 @@ def _alrkvd_decode_stage1(
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
-def _stage1_config(q, cache: AlrkvdLayer) -> dict:
+def _stage1_config(q, cache: AlrkvdLayer, block_tables) -> dict:
     """Stage 1's launch parameters (kernels/tuning.py), MIN_TOKENS_PER_SPLIT included."""
     batch, num_q_heads, head_dim = q.shape
     group = num_q_heads // cache.num_kv_heads
     cfg = get_config("alrkvd_decode_stage1",
                      f"head_dim={head_dim},group={group},block_size={cache.block_size},k_bits={cache.k_bits}",
                      q.device, _DEFAULT_STAGE1)
-    return launch_config(cfg, batch * cache.num_kv_heads >= MANY_PAIRS, cache.rank_max, cache.rotated_keys)
+    many = (batch * cache.num_kv_heads >= MANY_PAIRS
+            or block_tables.shape[1] * cache.block_size >= cfg.get("LONG_TOKENS", float("inf")))
+    return launch_config(cfg, many, cache.rank_max, cache.rotated_keys)
 
 
 def launch_config(cfg: dict, many_pairs: bool, rank_max: int, rotated_keys: bool) -> dict:
-    """The launch a `_DEFAULT_STAGE1`-style config gives: its *_MANY_PAIRS entries applied from MANY_PAIRS
-    (sequence, kv head) pairs up, and dropped."""
+    """The launch a `_DEFAULT_STAGE1`-style config gives: its *_MANY_PAIRS entries applied where `many_pairs`
+    (from MANY_PAIRS (sequence, kv head) pairs, or a table of LONG_TOKENS), and dropped."""
     cfg = dict(cfg)
+    cfg.pop("LONG_TOKENS", None)
     many_pairs_warps = cfg.pop("NUM_WARPS_MANY_PAIRS", None)
     heavy_tile = cfg.pop("BLOCK_N_MANY_PAIRS_HEAVY", None)
     if many_pairs and many_pairs_warps:
@@ -656,7 +662,7 @@ def alrkvd_decode_attention(
     assert window_slots.dtype == torch.int32 and window_slots.shape == (batch,)
     assert cos.dtype == sin.dtype == torch.float32 and cos.shape == sin.shape and cos.shape[1] == head_dim
     assert cos.stride() == sin.stride() and cos.stride(1) == 1 and cos.shape[0] >= block_size
-    cfg = _stage1_config(q, cache)
+    cfg = _stage1_config(q, cache, block_tables)
     min_tokens = cfg.pop("MIN_TOKENS_PER_SPLIT", MIN_TOKENS_PER_SPLIT)
     tickets = decode_tickets(tickets, batch * num_kv_heads, q.device)
     inputs = (q, cache, window_k, window_v, block_tables, seq_lens, window_slots, cos, sin, scale)
