@@ -3,6 +3,7 @@
 # and the compression kernel's tests compiled, then the A/B against the kernel of the session's start
 # (alrkvd_attention_before.py) per variant; arms: w2 = 2 warps at every batch, n128 = 128-token tiles for the
 # heavy loops (rank_max > 32 or post_rope) too.
+# (the snapshot is not kept in the repository: git show a4a7ef6:kernels/alrkvd_attention.py > $D/alrkvd_attention_before.py)
 export PYTHONPATH=. ; D=benchmarks/results/alrkvd_transposed_2026-12-03
 timeout 200 python -m pytest -q -x tests/test_kernels_alrkvd_attention.py tests/test_kernels_alrkvd_compress.py 2>&1 \
     | tail -2 | tee $OUT/kernel_tests_kept.log

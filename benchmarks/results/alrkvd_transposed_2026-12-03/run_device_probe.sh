@@ -2,6 +2,7 @@
 # ranks on the mma's 16-row side, the query group on its 8-column side), bytes to fp16 two per instruction; the
 # kernel tests compiled, then the A/B against the kernel of the session's start (alrkvd_attention_before.py, made by
 # git show a4a7ef6:kernels/alrkvd_attention.py), rotated keys rank 16, then post_rope.
+# (the snapshot is not kept in the repository: git show a4a7ef6:kernels/alrkvd_attention.py > $D/alrkvd_attention_before.py)
 export PYTHONPATH=. ; D=benchmarks/results/alrkvd_transposed_2026-12-03
 timeout 120 python -m pytest -q -x tests/test_kernels_alrkvd_attention.py 2>&1 | tail -2 | tee $OUT/kernel_tests.log
 timeout 200 python benchmarks/compare_kernels.py --out $OUT/probe_rot.json --before $D/alrkvd_attention_before.py \

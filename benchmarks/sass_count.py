@@ -1,9 +1,10 @@
 """Usage (repo root, no GPU needed):
-    python benchmarks/results/alrkvd_transposed_2026-12-03/sass_count.py kernels.alrkvd_attention \
+    python benchmarks/sass_count.py kernels.alrkvd_attention \
         _alrkvd_decode_stage1 "dict(ROTATED_KEYS=True, num_warps=2)"
 then python benchmarks/results/alrkvd_rotated_keys_2026-12-02/sass_loops.py (reads ./last.sass; the main loop is
 the second listed) and benchmarks/results/alrkvd_head_groups_2026-12-03/sass_lines.py LO HI (shares by source line).
-Section 2h's sass_count.py brought up to this session's kernel: BLOCK_GN, the values' codes stored token-contiguous
+The ALR-KVD stage 1 as it stands (section 2h's benchmarks/results/alrkvd_rotated_keys_2026-12-02/sass_count.py
+brought up to section 2n's kernel): BLOCK_GN, the values' codes stored token-contiguous
 (stride_vrt=1, stride_vrc=T), 128-token tiles and 4-row groups by default. Compiles an ALR-KVD stage 1 for sm_90
 the way the JIT specializes it (pointers 16-aligned, ints == 1 constexpr, ints % 16 == 0 marked divisible), dumps
 SASS, counts instructions by opcode; prints the registers, the static and the dynamic shared memory."""
@@ -11,7 +12,7 @@ import os, subprocess, sys, tempfile, collections, re, importlib, json
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-sys.path.insert(0, str(__import__('pathlib').Path(__file__).resolve().parents[3]))  # the repo root
+sys.path.insert(0, str(__import__('pathlib').Path(__file__).resolve().parents[1]))  # the repo root
 modname, fnname = sys.argv[1], sys.argv[2]
 extra = eval(sys.argv[3]) if len(sys.argv) > 3 else {}
 mod = importlib.import_module(modname)
