@@ -322,13 +322,6 @@ def _alrkvd_decode_stage1(
     mask_g = offs_g < GROUP
     heads = pid_kvh * GROUP + offs_g
 
-    # -- the group's queries, as RoPE halves
-    q_row = Q + pid_b * stride_qb + heads[:, None] * stride_qh
-    q1 = tl.load(q_row + offs_h[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16)
-    q2 = tl.load(q_row + HALF + offs_h[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16)
-
-    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     n_tiles = n_closed * TILES
     tiles_per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), MIN_TILES)
     busy = tl.cdiv(n_tiles, tiles_per_split)  # splits with tiles; the window's partial is the next one
@@ -336,8 +329,14 @@ def _alrkvd_decode_stage1(
     o_row, lse_row = Mid_o + pid_b * stride_mob + part * stride_mos, Mid_lse + pid_b * stride_mlb + part
 
     if pid_s == num_splits:
-        acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
         # ---------------- the window: full precision, keys before RoPE ----------------
+        # the group's queries, as RoPE halves (the window's dots keep the group on the 16-row side)
+        q_row = Q + pid_b * stride_qb + heads[:, None] * stride_qh
+        q1 = tl.load(q_row + offs_h[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16)
+        q2 = tl.load(q_row + HALF + offs_h[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16)
+        m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
         slot = tl.load(Window_slots + pid_b).to(tl.int64)
         w_off = slot * stride_wn + pid_kvh.to(tl.int64) * stride_wh
         start = n_closed * BLOCK_SIZE
@@ -404,8 +403,8 @@ def _alrkvd_decode_stage1(
             k_bias += tl.sum(qk2.to(tl.float32), 0) + tl.sum(qk3.to(tl.float32), 0)
         k_bias *= 1024.0
         q_sum = tl.sum(q1t.to(tl.float32), 0) + tl.sum(q2t.to(tl.float32), 0)
-        m_n = tl.full([BLOCK_GN], float("-inf"), dtype=tl.float32)
-        l_n = tl.zeros([BLOCK_GN], dtype=tl.float32)
+        m_i = tl.full([BLOCK_GN], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_GN], dtype=tl.float32)
         acc0 = tl.zeros([NV, BLOCK_GN], dtype=tl.float32)
         if PV >= 2:
             acc1 = tl.zeros([NV, BLOCK_GN], dtype=tl.float32)
@@ -481,12 +480,7 @@ def _alrkvd_decode_stage1(
             s = s_low + (s_res - k_bias[None, :]) * k_rs.to(tl.float32)[:, None] \
                 + q_sum[None, :] * k_rz.to(tl.float32)[:, None]
             k_rs, k_rz = tl.load(K_rscale + ks_next), tl.load(K_rzero + ks_next)
-            s = s * qk_scale
-            m_new = tl.maximum(m_n, tl.max(s, 0))
-            alpha = tl.exp2(m_n - m_new)
-            p = tl.exp2(s - m_new[None, :])
-            l_n = l_n * alpha + tl.sum(p, 0)
-            m_n = m_new
+            p, alpha, m_i, l_i = softmax_update(s * qk_scale, all_n, m_i, l_i, 0)
             p16 = p.to(tl.float16)
 
             # -- values, transposed: out^T [D, GN] += latents^T p (up-projected by the basis) + codes^T (p rscale)
@@ -525,15 +519,15 @@ def _alrkvd_decode_stage1(
 
         # output columns RUN * NV .. RUN * NV + NV - 1 are acc{RUN}, transposed back
         all_vc = offs_vc < NV
-        store_partial(o_row, lse_row, tl.trans(acc0), m_n, l_n, heads_n, offs_vc, mask_gn, all_vc, stride_moh,
+        store_partial(o_row, lse_row, tl.trans(acc0), m_i, l_i, heads_n, offs_vc, mask_gn, all_vc, stride_moh,
                       stride_mlh)
         if PV >= 2:
-            store_partial(o_row, lse_row, tl.trans(acc1) * (1.0 / (1 << V_BITS)), m_n, l_n, heads_n, NV + offs_vc,
+            store_partial(o_row, lse_row, tl.trans(acc1) * (1.0 / (1 << V_BITS)), m_i, l_i, heads_n, NV + offs_vc,
                           mask_gn, all_vc, stride_moh, stride_mlh)
         if PV == 4:
-            store_partial(o_row, lse_row, tl.trans(acc2) * 0.0625, m_n, l_n, heads_n, 2 * NV + offs_vc, mask_gn,
+            store_partial(o_row, lse_row, tl.trans(acc2) * 0.0625, m_i, l_i, heads_n, 2 * NV + offs_vc, mask_gn,
                           all_vc, stride_moh, stride_mlh)
-            store_partial(o_row, lse_row, tl.trans(acc3) * 0.015625, m_n, l_n, heads_n, 3 * NV + offs_vc, mask_gn,
+            store_partial(o_row, lse_row, tl.trans(acc3) * 0.015625, m_i, l_i, heads_n, 3 * NV + offs_vc, mask_gn,
                           all_vc, stride_moh, stride_mlh)
 
     merge_if_last(Tickets + pid_b * NUM_KV_HEADS + pid_kvh, num_splits + 1, busy + 1, Mid_o + pid_b * stride_mob,

@@ -204,14 +204,12 @@ def _alrkvd_compress_kernel(
         rows_c = block * stride_cn + h * stride_ch + rows_t * stride_ct
         if s < NUM_KV_HEADS:
             rows_r = block * stride_rn + h * stride_rh + rows_t * stride_rt
-            _quant_resid_store(e, K_resid + rows_r, stride_rb, K_rscale + rows_c, K_rzero + rows_c, stride_cg, K_levels, K_edges,
-                               Search,
-                               K_BITS, GROUP, UNIFORM, NSEARCH, TC, D)
+            _quant_resid_store(e, K_resid + rows_r, stride_rb, K_rscale + rows_c, K_rzero + rows_c, stride_cg,
+                               K_levels, K_edges, Search, K_BITS, GROUP, UNIFORM, NSEARCH, TC, D)
         else:
             rows_r = block * stride_vn + h * stride_vh + rows_t * stride_vt
-            _quant_resid_store(e, V_resid + rows_r, stride_vb, V_rscale + rows_c, V_rzero + rows_c, stride_cg, V_levels, V_edges,
-                               Search,
-                               V_BITS, GROUP, UNIFORM, NSEARCH, TC, D)
+            _quant_resid_store(e, V_resid + rows_r, stride_vb, V_rscale + rows_c, V_rzero + rows_c, stride_cg,
+                               V_levels, V_edges, Search, V_BITS, GROUP, UNIFORM, NSEARCH, TC, D)
 
 
 def _basis_step(fmt, layers: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -69,7 +69,8 @@ def main() -> None:
     cfg = alrkvd_attention._DEFAULT_STAGE1
     # the strides that are 1 in the cache's layout are constants for the JIT too (it specializes ints equal to 1)
     alr_common = dict(NUM_KV_HEADS=8, GROUP=4, BLOCK_G=4, BLOCK_GN=8, MERGE_CHUNK=32, HEAD_DIM=128, BLOCK_SIZE=128,
-                      BLOCK_S=16, K_BITS=2, V_BITS=2, ASM=True, stride_lt=1, stride_kst=1, stride_vst=1)
+                      BLOCK_S=16, K_BITS=2, V_BITS=2, ASM=True, stride_lt=1, stride_kst=1, stride_vst=1,
+                      stride_vrt=1)
     alr_launches = [(rot, r, alrkvd_attention.launch_config(cfg, many, r, rot))
                     for rot in (False, True) for r in (16, 64) for many in (False, True)]
     jobs = [

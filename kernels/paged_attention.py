@@ -43,14 +43,15 @@ MAX_SPLITS = 64
 # Stage 1: partial attention of one (sequence, kv head, split)
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def softmax_update(s, mask_n, m_i, l_i):
+def softmax_update(s, mask_n, m_i, l_i, AXIS: tl.constexpr = 1):
     """Online softmax step over a tile of scores s [BLOCK_G, BLOCK_N] (log2 units; columns outside
-    mask_n ignored): returns the tile's weights p, the rescale alpha of the running sums, m and l."""
-    s = tl.where(mask_n[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+    mask_n ignored), or with AXIS 0 over transposed scores [BLOCK_N, G]: returns the tile's weights p, the
+    rescale alpha of the running sums, m and l."""
+    s = tl.where(tl.expand_dims(mask_n, 1 - AXIS), s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, AXIS))
     alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+    p = tl.exp2(s - tl.expand_dims(m_new, AXIS))
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, AXIS)
 
 
 @triton.jit
