@@ -223,6 +223,11 @@ def _byte_code(b, SIGNED: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
+def _add3(a0, b0, c0, a1, b1, c1):
+    return a0 + a1, b0 + b1, c0 + c1
+
+
+@triton.jit
 def _fp16_bits(x):
     """x (int16) read as fp16 after OR-ing 0x6400: 1024 + x for x < 1024."""
     return (x | 0x6400).to(tl.float16, bitcast=True)
@@ -411,11 +416,14 @@ def _alrkvd_decode_stage1(
         if PV == 4:
             acc2 = tl.zeros([NV, BLOCK_GN], dtype=tl.float32)
             acc3 = tl.zeros([NV, BLOCK_GN], dtype=tl.float32)
-        # the block id and ranks of the next tile are loaded one iteration ahead (a chain of two loads; the index
-        # is clamped into the sequence's table so that the last prefetch reads a valid entry). The scales too: too
-        # narrow for Triton's pipeliner (one fp16 per token or row), they would be waited for in every tile.
+        # A chain of loads runs ahead of the tiles: the block id two tiles ahead, the ranks and the scales of the
+        # next tile (the index clamped into the sequence's table so that the last prefetches read a valid entry).
+        # Each load's address is in hand an iteration or half of one before it is issued, and its value is used an
+        # iteration or half of one after. The scales, too narrow for Triton's pipeliner (one fp16 per token or
+        # row), would be waited for in every tile.
         last = tl.maximum(n_tiles - 1, 0)
         next_block = tl.load(bt_row + tl.minimum(t_start, last) // TILES).to(tl.int64)
+        block_after = tl.load(bt_row + tl.minimum(t_start + 1, last) // TILES)  # widened where used, a tile later
         next_rk = tl.load(Ranks + next_block * stride_rkn + offs_s, mask=mask_s, other=0)
         bk_s, lk_s, lk_z, bv_s, lv_s, lv_z = _stream_scales(next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale,
                                                             Latent_scale, Latent_zero, stride_bsn, NUM_KV_HEADS)
@@ -427,7 +435,8 @@ def _alrkvd_decode_stage1(
             rows = (t % TILES) * BLOCK_N + offs_n
             block = next_block
             rk = next_rk.to(tl.int32)
-            next_block = tl.load(bt_row + tl.minimum(t + 1, last) // TILES).to(tl.int64)
+            next_block = block_after.to(tl.int64)
+            block_after = tl.load(bt_row + tl.minimum(t + 2, last) // TILES)
             next_rk = tl.load(Ranks + next_block * stride_rkn + offs_s, mask=mask_s, other=0)
             next_rows = (tl.minimum(t + 1, last) % TILES) * BLOCK_N + offs_n
             ks_next = next_block * stride_ksn + kvh64 * stride_ksh + next_rows * stride_kst
@@ -480,20 +489,29 @@ def _alrkvd_decode_stage1(
             s = s_low + (s_res - k_bias[None, :]) * k_rs.to(tl.float32)[:, None] \
                 + q_sum[None, :] * k_rz.to(tl.float32)[:, None]
             k_rs, k_rz = tl.load(K_rscale + ks_next), tl.load(K_rzero + ks_next)
-            p, alpha, m_i, l_i = softmax_update(s * qk_scale, all_n, m_i, l_i, 0)
+            # the next tile's stream scales: the keys' replace this tile's (used above), the values' wait for the end
+            bk_s, lk_s, lk_z, next_bv_s, next_lv_s, next_lv_z = _stream_scales(
+                next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale, Latent_scale, Latent_zero, stride_bsn,
+                NUM_KV_HEADS)
+            p, alpha, m_i, l_i = softmax_update(s * qk_scale, all_n, m_i, l_i, 0, ADD_SUM=False)
+            # the weights as the dots take them, and the column sums over tokens in one reduction: the softmax's
+            # (of the fp16 weights, as the values are weighted), the residual scales' bias and the residual zero
             p16 = p.to(tl.float16)
+            ps = (p * v_rs.to(tl.float32)[:, None]).to(tl.float16)
+            p_sum, ps_sum, rz_sum = tl.reduce((p16.to(tl.float32), ps.to(tl.float32), p * v_rz.to(tl.float32)[:, None]),
+                                              0, _add3)
+            l_i += p_sum
 
             # -- values, transposed: out^T [D, GN] += latents^T p (up-projected by the basis) + codes^T (p rscale)
             lv = _load_2d(lat_blk + off_v * stride_lr, offs_r, rows, mv, all_n, stride_lr, stride_lt)  # [R, N]
             # latent and basis codes go to tl.dot biased (1024 + latent code, 1152 + basis code); the biases come
             # off per column: the latents' with their zero, the basis' with the residual's zero (low_zero)
             p_lat = tl.dot(_byte_code(lv, False, ASM), p16) * lv_s.to(tl.float32)[:, None] \
-                + tl.sum(p16.to(tl.float32), 0)[None, :] * (lv_z.to(tl.float32) - 1024.0 * lv_s.to(tl.float32))[:, None]
+                + p_sum[None, :] * (lv_z.to(tl.float32) - 1024.0 * lv_s.to(tl.float32))[:, None]
             p_lat = (p_lat * bv_s.to(tl.float32)[:, None]).to(tl.float16)  # [R, GN]
             bv_blk = basis_blk + off_v * stride_br
-            ps = (p * v_rs.to(tl.float32)[:, None]).to(tl.float16)
-            low_zero = (tl.sum(p * v_rz.to(tl.float32)[:, None], 0) - 1152.0 * tl.sum(p_lat.to(tl.float32), 0))[None, :]
-            ps_bias = 1024.0 * tl.sum(ps.to(tl.float32), 0)[None, :]
+            low_zero = (rz_sum - 1152.0 * tl.sum(p_lat.to(tl.float32), 0))[None, :]
+            ps_bias = 1024.0 * ps_sum[None, :]
             v_rs, v_rz = tl.load(V_rscale + vs_next), tl.load(V_rzero + vs_next)
             v_bytes = tl.load(V_resid + block * stride_vrn + kvh64 * stride_vrh + rows[None, :] * stride_vrt
                               + offs_vc[:, None] * stride_vrc)  # [NV, N]
@@ -513,9 +531,7 @@ def _alrkvd_decode_stage1(
                 bv = _byte_code(_load_2d(bv_blk + 3 * NV, offs_vc, offs_r, offs_vc < NV, mv, 1, stride_br), True, ASM)
                 acc3 = tl.dot(bv, (p_lat * 64).to(tl.float16),
                               tl.dot(vc[3], ps, acc3 * alpha[None, :] + (low_zero * 64 - ps_bias)))
-            bk_s, lk_s, lk_z, bv_s, lv_s, lv_z = _stream_scales(
-                next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale, Latent_scale, Latent_zero, stride_bsn,
-                NUM_KV_HEADS)
+            bv_s, lv_s, lv_z = next_bv_s, next_lv_s, next_lv_z
 
         # output columns RUN * NV .. RUN * NV + NV - 1 are acc{RUN}, transposed back
         all_vc = offs_vc < NV
