@@ -66,6 +66,8 @@ def main(argv=None) -> int:
                    metavar="BxL")
     p.add_argument("--variant", default="alrkvd-rot-r16", choices=list(ba.VARIANTS))
     p.add_argument("--check-tokens", type=int, default=32768)
+    p.add_argument("--before-values-row-major", action="store_true",
+                   help="give `before` the values' codes row-major (kernels before 2026-12-03's head-major v_resid)")
     args = p.parse_args(argv)
     arms = dict(map(parse_arm, args.arms))
     before = load_module("alrkvd_before", args.before) if "before" in arms else None
@@ -89,7 +91,8 @@ def main(argv=None) -> int:
         # same codes, copied so (a no-op for the layouts they had)
         old_layout = lambda kw: dict(kw, cache=dataclasses.replace(  # noqa: E731
             kw["cache"], v_resid=kw["cache"].v_resid.contiguous()))
-        before_layers = [old_layout(kw) for kw in layers] if before is not None else []
+        before_layers = ([old_layout(kw) if args.before_values_row_major else kw for kw in layers]
+                         if before is not None else [])
         q = torch.randn(B, Hq, D, device=dev, dtype=torch.float16)
         for rep in (1, 2):
             for name, overrides in arms.items():

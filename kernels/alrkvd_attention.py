@@ -44,8 +44,9 @@ Codes become fp16 without an int-to-float conversion: the bits of run r masked i
 0x6400 read as the fp16 1024 + code * 2^(r * bits); latent bytes read as 1024 + code, basis bytes (sign bit flipped)
 as 1152 + code. They go to tl.dot biased, two per instruction (inline PTX when compiled), and each bias comes off
 the dot's result once per column: the power of two of a residual run off the query run (keys) or the run's
-accumulator (values, at the end). The scales, too narrow for Triton's pipeliner, are loaded a tile ahead by hand
-(BENCHMARKS.md section 2j). Stage 2 runs in stage 1: the last program of a (sequence, kv head) to finish merges the
+accumulator (values, at the end). The streams' scales (one fp16 per basis row), too narrow for Triton's
+pipeliner, are loaded a tile ahead by hand (BENCHMARKS.md section 2j); the residual's (one per token) are streamed
+by it where a thread takes 4 bytes of them (section 2o). Stage 2 runs in stage 1: the last program of a (sequence, kv head) to finish merges the
 partials (`kernels.paged_attention.merge_if_last`): no second kernel, 1 us less at B=1 L=4k on the H200
 (BENCHMARKS.md section 2e; the paged and KIVI kernels measured slower with it and keep `decode_reduce`).
 
@@ -416,21 +417,17 @@ def _alrkvd_decode_stage1(
         if PV == 4:
             acc2 = tl.zeros([NV, BLOCK_GN], dtype=tl.float32)
             acc3 = tl.zeros([NV, BLOCK_GN], dtype=tl.float32)
-        # A chain of loads runs ahead of the tiles: the block id two tiles ahead, the ranks and the scales of the
-        # next tile (the index clamped into the sequence's table so that the last prefetches read a valid entry).
-        # Each load's address is in hand an iteration or half of one before it is issued, and its value is used an
-        # iteration or half of one after. The scales, too narrow for Triton's pipeliner (one fp16 per token or
-        # row), would be waited for in every tile.
+        # A chain of loads runs ahead of the tiles: the block id two tiles ahead, the next tile's ranks, then the
+        # scales of its streams (the index clamped into the sequence's table so that the last prefetches read a
+        # valid entry). Each load's address is in hand an iteration or half of one before it is issued, and its
+        # value is used an iteration or half of one after; the streams' scales (one fp16 per basis row) are too
+        # narrow for Triton's pipeliner, and would be waited for in every tile.
         last = tl.maximum(n_tiles - 1, 0)
         next_block = tl.load(bt_row + tl.minimum(t_start, last) // TILES).to(tl.int64)
         block_after = tl.load(bt_row + tl.minimum(t_start + 1, last) // TILES)  # widened where used, a tile later
         next_rk = tl.load(Ranks + next_block * stride_rkn + offs_s, mask=mask_s, other=0)
         bk_s, lk_s, lk_z, bv_s, lv_s, lv_z = _stream_scales(next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale,
                                                             Latent_scale, Latent_zero, stride_bsn, NUM_KV_HEADS)
-        ks_next = next_block * stride_ksn + kvh64 * stride_ksh + ((t_start % TILES) * BLOCK_N + offs_n) * stride_kst
-        vs_next = next_block * stride_vsn + kvh64 * stride_vsh + ((t_start % TILES) * BLOCK_N + offs_n) * stride_vst
-        k_rs, k_rz = tl.load(K_rscale + ks_next), tl.load(K_rzero + ks_next)
-        v_rs, v_rz = tl.load(V_rscale + vs_next), tl.load(V_rzero + vs_next)
         for t in range(t_start, t_end):
             rows = (t % TILES) * BLOCK_N + offs_n
             block = next_block
@@ -438,9 +435,13 @@ def _alrkvd_decode_stage1(
             next_block = block_after.to(tl.int64)
             block_after = tl.load(bt_row + tl.minimum(t + 2, last) // TILES)
             next_rk = tl.load(Ranks + next_block * stride_rkn + offs_s, mask=mask_s, other=0)
-            next_rows = (tl.minimum(t + 1, last) % TILES) * BLOCK_N + offs_n
-            ks_next = next_block * stride_ksn + kvh64 * stride_ksh + next_rows * stride_kst
-            vs_next = next_block * stride_vsn + kvh64 * stride_vsh + next_rows * stride_vst
+            # the residual scales and zeros, one fp16 per token: where a thread takes 4 bytes of them (128-token tiles
+            # at 2 warps) Triton's pipeliner streams them with the codes and reads them in the layout of their use.
+            # Loaded a tile ahead by hand they were converted to it through shared memory: 8 barriers a tile more
+            ks_off = block * stride_ksn + kvh64 * stride_ksh + rows * stride_kst
+            vs_off = block * stride_vsn + kvh64 * stride_vsh + rows * stride_vst
+            k_rs, k_rz = tl.load(K_rscale + ks_off), tl.load(K_rzero + ks_off)
+            v_rs, v_rz = tl.load(V_rscale + vs_off), tl.load(V_rzero + vs_off)
             # -- this head's K and V streams: offset and rank inside the block's R rows
             off_k = tl.sum(tl.where(offs_s < pid_kvh, rk, 0), 0)
             r_k = tl.sum(tl.where(offs_s == pid_kvh, rk, 0), 0)
@@ -488,7 +489,6 @@ def _alrkvd_decode_stage1(
                 s_res = tl.dot(kc[3], qk3, tl.dot(kc[2], qk2, s_res))
             s = s_low + (s_res - k_bias[None, :]) * k_rs.to(tl.float32)[:, None] \
                 + q_sum[None, :] * k_rz.to(tl.float32)[:, None]
-            k_rs, k_rz = tl.load(K_rscale + ks_next), tl.load(K_rzero + ks_next)
             # the next tile's stream scales: the keys' replace this tile's (used above), the values' wait for the end
             bk_s, lk_s, lk_z, next_bv_s, next_lv_s, next_lv_z = _stream_scales(
                 next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale, Latent_scale, Latent_zero, stride_bsn,
@@ -512,7 +512,6 @@ def _alrkvd_decode_stage1(
             bv_blk = basis_blk + off_v * stride_br
             low_zero = (rz_sum - 1152.0 * tl.sum(p_lat.to(tl.float32), 0))[None, :]
             ps_bias = 1024.0 * ps_sum[None, :]
-            v_rs, v_rz = tl.load(V_rscale + vs_next), tl.load(V_rzero + vs_next)
             v_bytes = tl.load(V_resid + block * stride_vrn + kvh64 * stride_vrh + rows[None, :] * stride_vrt
                               + offs_vc[:, None] * stride_vrc)  # [NV, N]
             vc = _code_runs(v_bytes, V_BITS, ASM)
