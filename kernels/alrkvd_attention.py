@@ -46,9 +46,10 @@ as 1152 + code. They go to tl.dot biased, two per instruction (inline PTX when c
 the dot's result once per column: the power of two of a residual run off the query run (keys) or the run's
 accumulator (values, at the end). The streams' scales (one fp16 per basis row), too narrow for Triton's
 pipeliner, are loaded a tile ahead by hand (BENCHMARKS.md section 2j); the residual's (one per token) are streamed
-by it where a thread takes 4 bytes of them (section 2o). Stage 2 runs in stage 1: the last program of a (sequence, kv head) to finish merges the
-partials (`kernels.paged_attention.merge_if_last`): no second kernel, 1 us less at B=1 L=4k on the H200
-(BENCHMARKS.md section 2e; the paged and KIVI kernels measured slower with it and keep `decode_reduce`).
+by it where a thread takes 4 bytes of them (section 2o). Stage 2 runs in stage 1: the last program of a (sequence,
+kv head) to finish merges the partials (`kernels.paged_attention.merge_if_last`): no second kernel, 1 us less at B=1
+L=4k on the H200 (BENCHMARKS.md section 2e; the paged and KIVI kernels measured slower with it and keep
+`decode_reduce`).
 
 Public: `KERNEL_OPTIONS`, `kernel_options`, `AlrkvdLayer` (the per-layer views), `alrkvd_decode_attention`,
 `alrkvd_decode_attention_ref`. Nothing runs at import.
