@@ -6,8 +6,10 @@ run. Same data, timing and check as bench_attention.py.
         --arms before now n64:BLOCK_N=64 --shapes 8x32768 1x4096 [--variant alrkvd-rot-r16]
 
 Arms: `before` is BEFORE.py with its own launch (`git show REV:kernels/alrkvd_attention.py > BEFORE.py`; its imports
-from kernels.* resolve to this tree); `now` is this tree's kernel as it launches; `NAME:KEY=INT,...` is this tree's
-kernel with those keys of `_DEFAULT_STAGE1` replaced (BLOCK_N, num_warps, maxnreg, ...), whatever the batch.
+from kernels.* resolve to this tree; kernels older than 2026-12-03's head-major `v_resid` read the values' codes
+row-major: give them so with --before-values-row-major); `now` is this tree's kernel as it launches;
+`NAME:KEY=INT,...` is this tree's kernel with those keys of `_DEFAULT_STAGE1` replaced (BLOCK_N, num_warps, maxnreg,
+...), whatever the batch.
 The check against the PyTorch reference runs in the first round where B * L <= --check-tokens.
 """
 from __future__ import annotations

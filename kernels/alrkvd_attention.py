@@ -64,7 +64,7 @@ import triton
 import triton.language as tl
 
 from kernels.paged_attention import (
-    LOG2E, MIN_TOKENS_PER_SPLIT, attend_ref, check_decode_inputs, decode_tickets,
+    LOG2E, MIN_TOKENS_PER_SPLIT, attend_ref, check_decode_inputs, decode_tickets, fp16_bits,
     merge_chunk, merge_if_last, softmax_update, store_partial, windowed_num_splits,
 )
 from kernels.tuning import get_config
@@ -192,11 +192,11 @@ def _code_runs(b, BITS: tl.constexpr, ASM: tl.constexpr):
             return (tl.inline_asm_elementwise(_PTX_8, _ARGS_8, [b], tl.float16, is_pure=True, pack=4),)
     x = b.to(tl.int16)
     if BITS == 2:
-        return (_fp16_bits(x & 3), _fp16_bits(x & 12), _fp16_bits(x & 48), _fp16_bits(x & 192))
+        return (fp16_bits(x & 3), fp16_bits(x & 12), fp16_bits(x & 48), fp16_bits(x & 192))
     elif BITS == 4:
-        return (_fp16_bits(x & 15), _fp16_bits(x & 240))
+        return (fp16_bits(x & 15), fp16_bits(x & 240))
     else:
-        return (_fp16_bits(x),)
+        return (fp16_bits(x),)
 
 
 def _bytes_ptx(signed: bool) -> tl.constexpr:
@@ -221,18 +221,12 @@ def _byte_code(b, SIGNED: tl.constexpr, ASM: tl.constexpr):
             return tl.inline_asm_elementwise(_PTX_U8, "=r,=r,r", [b], tl.float16, is_pure=True, pack=4)
     if SIGNED:
         return ((b.to(tl.int16) & 0xFF) ^ 0x6480).to(tl.float16, bitcast=True)
-    return _fp16_bits(b.to(tl.int16))
+    return fp16_bits(b.to(tl.int16))
 
 
 @triton.jit
 def _add3(a0, b0, c0, a1, b1, c1):
     return a0 + a1, b0 + b1, c0 + c1
-
-
-@triton.jit
-def _fp16_bits(x):
-    """x (int16) read as fp16 after OR-ing 0x6400: 1024 + x for x < 1024."""
-    return (x | 0x6400).to(tl.float16, bitcast=True)
 
 
 @triton.jit

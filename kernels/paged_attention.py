@@ -58,10 +58,17 @@ def softmax_update(s, mask_n, m_i, l_i, AXIS: tl.constexpr = 1, ADD_SUM: tl.cons
 
 
 @triton.jit
-def fp16_code(x):
+def fp16_bits(x):
     """A low-bit code x (int16, at most 10 bits) as fp16 without an int-to-float conversion: (x | 0x6400) read
-    as fp16 is 1024 + x; taking 1024 off is exact (the compressed formats' decode kernels)."""
-    return (x | 0x6400).to(tl.float16, bitcast=True) - 1024.0
+    as fp16 is 1024 + x, exact (the compressed formats' decode kernels; the ALR-KVD kernel takes the 1024 off its
+    dots' results)."""
+    return (x | 0x6400).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def fp16_code(x):
+    """`fp16_bits` with the 1024 taken off (exact): the code x itself, as fp16."""
+    return fp16_bits(x) - 1024.0
 
 
 @triton.jit
