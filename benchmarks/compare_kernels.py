@@ -3,13 +3,14 @@ kernel from another file (an earlier commit's), each arm twice and alternated, F
 run. Same data, timing and check as bench_attention.py.
 
     python benchmarks/compare_kernels.py --out OUT.json --before BEFORE.py \
-        --arms before now n64:BLOCK_N=64 --shapes 8x32768 1x4096 [--variant alrkvd-rot-r16]
+        --arms before now n64:BLOCK_N=64 try@TRY.py --shapes 8x32768 1x4096 [--variant alrkvd-rot-r16]
 
 Arms: `before` is BEFORE.py with its own launch (`git show REV:kernels/alrkvd_attention.py > BEFORE.py`; its imports
 from kernels.* resolve to this tree; kernels older than 2026-12-03's head-major `v_resid` read the values' codes
 row-major: give them so with --before-values-row-major); `now` is this tree's kernel as it launches;
 `NAME:KEY=INT,...` is this tree's kernel with those keys of `_DEFAULT_STAGE1` replaced (BLOCK_N, num_warps, maxnreg,
-...), whatever the batch.
+...), whatever the batch; `NAME@FILE.py` is the kernel of FILE.py with its own launch, like `before` (a candidate
+change, timed against `now` in the same run).
 The check against the PyTorch reference runs in the first round where B * L <= --check-tokens.
 """
 from __future__ import annotations
@@ -51,8 +52,11 @@ def stage1_builds(mod) -> set:
     return builds
 
 
-def parse_arm(text: str) -> tuple[str, dict | None]:
-    """'before' -> (before, None); 'now' -> (now, {}); 'n64:BLOCK_N=64,num_warps=2' -> (n64, {...})."""
+def parse_arm(text: str) -> tuple[str, dict | str | None]:
+    """'before' -> (before, None); 'now' -> (now, {}); 'n64:BLOCK_N=64,num_warps=2' -> (n64, {...});
+    'try@TRY.py' -> (try, 'TRY.py')."""
+    if "@" in text:
+        return tuple(text.split("@", 1))
     name, _, overrides = text.partition(":")
     if name == "before":
         return name, None
@@ -73,6 +77,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     arms = dict(map(parse_arm, args.arms))
     before = load_module("alrkvd_before", args.before) if "before" in arms else None
+    files = {name: load_module(f"alrkvd_{name}", path) for name, path in arms.items() if isinstance(path, str)}
     dev, gen = "cuda", torch.Generator().manual_seed(0)
     H, Hq, D, T = ba.NUM_KV_HEADS, ba.NUM_Q_HEADS, ba.HEAD_DIM, ba.ALRKVD_BLOCK
     scale, rows = D ** -0.5, []
@@ -98,9 +103,9 @@ def main(argv=None) -> int:
         q = torch.randn(B, Hq, D, device=dev, dtype=torch.float16)
         for rep in (1, 2):
             for name, overrides in arms.items():
-                mod = before if overrides is None else now
+                mod = files[name] if name in files else before if overrides is None else now
                 now._DEFAULT_STAGE1.clear()
-                now._DEFAULT_STAGE1.update(default_cfg, **(overrides or {}))
+                now._DEFAULT_STAGE1.update(default_cfg, **(overrides if isinstance(overrides, dict) else {}))
                 paged._RESIDENT.clear()
                 known = stage1_builds(mod)
                 try:

@@ -39,7 +39,10 @@ copies a tile, which rebuild the padded rows of each chained accumulator and ope
             rscale_t (q . codes_t) + rzero_t sum(q), one dot per code run with the same run of query columns, so no
             per-element scale, zero or interleave; softmax over the tokens (axis 0);
     values: out^T [D, GN] += basis^T (latents^T p) (accumulated in latent space, up-projected once a tile by the
-            block's basis) + codes^T (p * rscale) + rzero . p, accumulated run by run (output rows of run r in acc{r}).
+            block's basis) + codes^T (p * rscale) + rzero . p, accumulated run by run (output rows of run r in acc{r});
+            the column sums over tokens that take the codes' biases off (softmax sum, sum of p * rscale, rzero . p)
+            are dots too, of the value dots' own operands, added after those dots: off the tile's chain of dots and
+            without a cross-warp reduction (BENCHMARKS.md section 2p).
 Codes become fp16 without an int-to-float conversion: the bits of run r masked in place and OR-ed with
 0x6400 read as the fp16 1024 + code * 2^(r * bits); latent bytes read as 1024 + code, basis bytes (sign bit flipped)
 as 1152 + code. They go to tl.dot biased, two per instruction (inline PTX when compiled), and each bias comes off
@@ -225,11 +228,6 @@ def _byte_code(b, SIGNED: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
-def _add3(a0, b0, c0, a1, b1, c1):
-    return a0 + a1, b0 + b1, c0 + c1
-
-
-@triton.jit
 def _load_2d(Ptr, rows, cols, mask_rows, mask_cols, stride_row, stride_col):
     return tl.load(Ptr + rows[:, None] * stride_row + cols[None, :] * stride_col,
                    mask=mask_rows[:, None] & mask_cols[None, :], other=0)
@@ -405,7 +403,7 @@ def _alrkvd_decode_stage1(
         k_bias *= 1024.0
         q_sum = tl.sum(q1t.to(tl.float32), 0) + tl.sum(q2t.to(tl.float32), 0)
         m_i = tl.full([BLOCK_GN], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_GN], dtype=tl.float32)
+        l_r = tl.zeros([BLOCK_R, BLOCK_GN], dtype=tl.float32)  # the softmax's running sum, the same in every row
         acc0 = tl.zeros([NV, BLOCK_GN], dtype=tl.float32)
         if PV >= 2:
             acc1 = tl.zeros([NV, BLOCK_GN], dtype=tl.float32)
@@ -488,46 +486,51 @@ def _alrkvd_decode_stage1(
             bk_s, lk_s, lk_z, next_bv_s, next_lv_s, next_lv_z = _stream_scales(
                 next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale, Latent_scale, Latent_zero, stride_bsn,
                 NUM_KV_HEADS)
-            p, alpha, m_i, l_i = softmax_update(s * qk_scale, all_n, m_i, l_i, 0, ADD_SUM=False)
-            # the weights as the dots take them, and the column sums over tokens in one reduction: the softmax's
-            # (of the fp16 weights, as the values are weighted), the residual scales' bias and the residual zero
+            p, alpha, m_i, l_r = softmax_update(s * qk_scale, all_n, m_i, l_r, 0, ADD_SUM=False)
+            # the weights as the dots take them, and the column sums over tokens as dots of the same operands (each
+            # row of the result the sum): the softmax's (of the fp16 weights, as the values are weighted), the
+            # residual scales' bias (ones . p rscale) and the residual zero (rzero . p). Reduced across the warps
+            # instead, they were a barrier and ~150 instructions a tile on the way to the value dots
             p16 = p.to(tl.float16)
-            ps = (p * v_rs.to(tl.float32)[:, None]).to(tl.float16)
-            p_sum, ps_sum, rz_sum = tl.reduce((p16.to(tl.float32), ps.to(tl.float32), p * v_rz.to(tl.float32)[:, None]),
-                                              0, _add3)
-            l_i += p_sum
+            ps = p16 * v_rs[:, None]
+            p_sum = tl.dot(tl.full([BLOCK_R, BLOCK_N], 1.0, tl.float16), p16)  # [R, GN]
+            l_r += p_sum
+            ps_bias = 1024.0 * tl.dot(tl.full([NV, BLOCK_N], 1.0, tl.float16), ps)  # [NV, GN]
+            rz_sum = tl.dot(tl.broadcast_to(v_rz[None, :], (NV, BLOCK_N)), p16)  # [NV, GN]
 
             # -- values, transposed: out^T [D, GN] += latents^T p (up-projected by the basis) + codes^T (p rscale)
             lv = _load_2d(lat_blk + off_v * stride_lr, offs_r, rows, mv, all_n, stride_lr, stride_lt)  # [R, N]
             # latent and basis codes go to tl.dot biased (1024 + latent code, 1152 + basis code); the biases come
             # off per column: the latents' with their zero, the basis' with the residual's zero (low_zero)
             p_lat = tl.dot(_byte_code(lv, False, ASM), p16) * lv_s.to(tl.float32)[:, None] \
-                + p_sum[None, :] * (lv_z.to(tl.float32) - 1024.0 * lv_s.to(tl.float32))[:, None]
+                + p_sum * (lv_z.to(tl.float32) - 1024.0 * lv_s.to(tl.float32))[:, None]
             p_lat = (p_lat * bv_s.to(tl.float32)[:, None]).to(tl.float16)  # [R, GN]
             bv_blk = basis_blk + off_v * stride_br
-            low_zero = (rz_sum - 1152.0 * tl.sum(p_lat.to(tl.float32), 0))[None, :]
-            ps_bias = 1024.0 * ps_sum[None, :]
+            low_zero = rz_sum - 1152.0 * tl.sum(p_lat.to(tl.float32), 0)[None, :]
             v_bytes = tl.load(V_resid + block * stride_vrn + kvh64 * stride_vrh + rows[None, :] * stride_vrt
                               + offs_vc[:, None] * stride_vrc)  # [NV, N]
             vc = _code_runs(v_bytes, V_BITS, ASM)
             # acc{r} holds 2^(r V_BITS) times its output rows (taken off at the end), so run r's codes, as they
-            # arrive, need no scaling per element; its low-rank part and zero are scaled instead ([R, GN], [1, GN])
+            # arrive, need no scaling per element; its low-rank part and zero are scaled instead ([R, GN], [NV, GN]).
+            # The biases are added after the dots, which then start as soon as ps is in (B=8 L=32k: 140.7 against
+            # 147.8 us added into their accumulators, BENCHMARKS.md section 2p)
             bv = _byte_code(_load_2d(bv_blk, offs_vc, offs_r, offs_vc < NV, mv, 1, stride_br), True, ASM)
-            acc0 = tl.dot(bv, p_lat, tl.dot(vc[0], ps, acc0 * alpha[None, :] + (low_zero - ps_bias)))
+            acc0 = tl.dot(bv, p_lat, tl.dot(vc[0], ps, acc0 * alpha[None, :])) + (low_zero - ps_bias)
             if PV >= 2:
                 bv = _byte_code(_load_2d(bv_blk + NV, offs_vc, offs_r, offs_vc < NV, mv, 1, stride_br), True, ASM)
                 acc1 = tl.dot(bv, (p_lat * (1 << V_BITS)).to(tl.float16),
-                              tl.dot(vc[1], ps, acc1 * alpha[None, :] + (low_zero * (1 << V_BITS) - ps_bias)))
+                              tl.dot(vc[1], ps, acc1 * alpha[None, :])) + (low_zero * (1 << V_BITS) - ps_bias)
             if PV == 4:
                 bv = _byte_code(_load_2d(bv_blk + 2 * NV, offs_vc, offs_r, offs_vc < NV, mv, 1, stride_br), True, ASM)
                 acc2 = tl.dot(bv, (p_lat * 16).to(tl.float16),
-                              tl.dot(vc[2], ps, acc2 * alpha[None, :] + (low_zero * 16 - ps_bias)))
+                              tl.dot(vc[2], ps, acc2 * alpha[None, :])) + (low_zero * 16 - ps_bias)
                 bv = _byte_code(_load_2d(bv_blk + 3 * NV, offs_vc, offs_r, offs_vc < NV, mv, 1, stride_br), True, ASM)
                 acc3 = tl.dot(bv, (p_lat * 64).to(tl.float16),
-                              tl.dot(vc[3], ps, acc3 * alpha[None, :] + (low_zero * 64 - ps_bias)))
+                              tl.dot(vc[3], ps, acc3 * alpha[None, :])) + (low_zero * 64 - ps_bias)
             bv_s, lv_s, lv_z = next_bv_s, next_lv_s, next_lv_z
 
         # output columns RUN * NV .. RUN * NV + NV - 1 are acc{RUN}, transposed back
+        l_i = tl.max(l_r, 0)
         all_vc = offs_vc < NV
         store_partial(o_row, lse_row, tl.trans(acc0), m_i, l_i, heads_n, offs_vc, mask_gn, all_vc, stride_moh,
                       stride_mlh)

@@ -47,7 +47,7 @@ def softmax_update(s, mask_n, m_i, l_i, AXIS: tl.constexpr = 1, ADD_SUM: tl.cons
     """Online softmax step over a tile of scores s [BLOCK_G, BLOCK_N] (log2 units; columns outside
     mask_n ignored), or with AXIS 0 over transposed scores [BLOCK_N, G]: returns the tile's weights p, the
     rescale alpha of the running sums, m and l (without ADD_SUM, l rescaled only: the caller adds the sum of p,
-    taken in one reduction with its own sums)."""
+    which it takes its own way; l may then be a [R, G] block, every row rescaled)."""
     s = tl.where(tl.expand_dims(mask_n, 1 - AXIS), s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, AXIS))
     alpha = tl.exp2(m_i - m_new)
