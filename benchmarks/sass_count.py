@@ -1,8 +1,9 @@
 """Usage (repo root, no GPU needed):
     python benchmarks/sass_count.py kernels.alrkvd_attention \
         _alrkvd_decode_stage1 "dict(ROTATED_KEYS=True, num_warps=2)"
-then python benchmarks/results/alrkvd_rotated_keys_2026-12-02/sass_loops.py (reads ./last.sass; the main loop is
-the second listed) and benchmarks/results/alrkvd_head_groups_2026-12-03/sass_lines.py LO HI (shares by source line).
+It prints the whole kernel's counts, then each loop (a backward branch) with its address range, instruction count
+and the opcodes that matter for the ALR-KVD loop (barriers, shared-memory traffic, spills): the main loop is the
+second. Then benchmarks/results/alrkvd_head_groups_2026-12-03/sass_lines.py LO HI gives a loop's shares by source line.
 The ALR-KVD stage 1 as it stands (section 2h's benchmarks/results/alrkvd_rotated_keys_2026-12-02/sass_count.py
 brought up to section 2n's kernel): BLOCK_GN, the values' codes stored token-contiguous
 (stride_vrt=1, stride_vrc=T), 128-token tiles and 4-row groups by default. Compiles an ALR-KVD stage 1 for sm_90
@@ -71,3 +72,14 @@ print(" ".join(l.strip() for l in usage.splitlines() if "REG" in l), "DYNAMIC_SH
       "| total", len(lines))
 print(ops.most_common(24))
 print(mem.most_common(16))
+# loops: the instructions from a backward branch's target to the branch
+ins = [(int(m.group(1), 16), m.group(2)) for m in (re.match(r'\s+/\*([0-9a-f]{4,})\*/\s+(.*?);', l) for l in lines) if m]
+index = {a: i for i, (a, _) in enumerate(ins)}
+for i, (a, text) in enumerate(ins):
+    target = re.search(r'BRA.*?0x([0-9a-f]+)', text)
+    if target and int(target.group(1), 16) < a and int(target.group(1), 16) in index:
+        body = ins[index[int(target.group(1), 16)]:i + 1]
+        n = collections.Counter(re.match(r'(@!?U?P\w+\s+)?([A-Z0-9_]+)', t).group(2) for _, t in body)
+        print(f"loop {body[0][0]:#x}-{a:#x}: {len(body)} instructions,",
+              " ".join(f"{k}={n[k]}" for k in ("BAR", "HMMA", "LOP3", "PRMT", "SHFL", "LDS", "LDSM", "STS", "STSM",
+                                                  "LDG", "LDGSTS", "LDL", "STL")))

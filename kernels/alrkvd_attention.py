@@ -228,6 +228,23 @@ def _byte_code(b, SIGNED: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
+def _residual_dots(K_resid, block, rows, kvh64, offs_kc, qk0, qk1, qk2, qk3, stride_krn, stride_krt, stride_krh,
+                   K_BITS: tl.constexpr, ASM: tl.constexpr):
+    """The key residual's codes of tile `rows` of `block` times the query, [BLOCK_N, GN]: run r of the codes arrives
+    as 1024 + code * 2^(r K_BITS), its query run divided by 2^(r K_BITS)."""
+    PK: tl.constexpr = 8 // K_BITS
+    k_bytes = tl.load(K_resid + block * stride_krn + kvh64 * stride_krh + rows[:, None] * stride_krt
+                      + offs_kc[None, :])
+    kc = _code_runs(k_bytes, K_BITS, ASM)
+    s_res = tl.dot(kc[0], qk0)
+    if PK >= 2:
+        s_res = tl.dot(kc[1], qk1, s_res)
+    if PK == 4:
+        s_res = tl.dot(kc[3], qk3, tl.dot(kc[2], qk2, s_res))
+    return s_res
+
+
+@triton.jit
 def _load_2d(Ptr, rows, cols, mask_rows, mask_cols, stride_row, stride_col):
     return tl.load(Ptr + rows[:, None] * stride_row + cols[None, :] * stride_col,
                    mask=mask_rows[:, None] & mask_cols[None, :], other=0)
@@ -401,6 +418,10 @@ def _alrkvd_decode_stage1(
                    * 0.015625).to(tl.float16)
             k_bias += tl.sum(qk2.to(tl.float32), 0) + tl.sum(qk3.to(tl.float32), 0)
         k_bias *= 1024.0
+        if PK < 2:
+            qk1 = qk0
+        if PK < 4:
+            qk2, qk3 = qk0, qk0
         q_sum = tl.sum(q1t.to(tl.float32), 0) + tl.sum(q2t.to(tl.float32), 0)
         m_i = tl.full([BLOCK_GN], float("-inf"), dtype=tl.float32)
         l_r = tl.zeros([BLOCK_R, BLOCK_GN], dtype=tl.float32)  # the softmax's running sum, the same in every row
@@ -421,6 +442,9 @@ def _alrkvd_decode_stage1(
         next_rk = tl.load(Ranks + next_block * stride_rkn + offs_s, mask=mask_s, other=0)
         bk_s, lk_s, lk_z, bv_s, lv_s, lv_z = _stream_scales(next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale,
                                                             Latent_scale, Latent_zero, stride_bsn, NUM_KV_HEADS)
+        # the key residual's scores a tile ahead: their chain of dots overlaps the tile before's values
+        s_res = _residual_dots(K_resid, next_block, (t_start % TILES) * BLOCK_N + offs_n, kvh64, offs_kc, qk0, qk1, qk2,
+                               qk3, stride_krn, stride_krt, stride_krh, K_BITS, ASM)
         for t in range(t_start, t_end):
             rows = (t % TILES) * BLOCK_N + offs_n
             block = next_block
@@ -454,8 +478,10 @@ def _alrkvd_decode_stage1(
                 # bit pattern: 1152 + basis code, 1024 + latent code); each bias comes off the dot's result once per
                 # column, the scales and the zero off q B^T [R, GN]. The latents count as code - 128 (centred), so
                 # that the fp16 rounding of their dot's right operand moves the scores half as much as against 0..255
-                qb = tl.dot(_byte_code(bk2, True, ASM), q2t, tl.dot(_byte_code(bk1, True, ASM), q1t))
-                qb = (qb - 1152.0 * q_sum[None, :]) * bk_s.to(tl.float32)[:, None]
+                # two chains of dots, not one (scaled before they add: Triton would chain an added dot)
+                bks = bk_s.to(tl.float32)[:, None]
+                qb = tl.dot(_byte_code(bk1, True, ASM), q1t) * bks + tl.dot(_byte_code(bk2, True, ASM), q2t) * bks \
+                    - 1152.0 * q_sum[None, :] * bks
                 w = (qb * lk_s.to(tl.float32)[:, None]).to(tl.float16)
                 s_low = tl.dot(_byte_code(lk, False, ASM), w)
                 s_low += tl.sum(qb * (lk_z.to(tl.float32) + 128.0 * lk_s.to(tl.float32))[:, None]
@@ -470,16 +496,6 @@ def _alrkvd_decode_stage1(
                 k1, k2 = _rope(tl.dot(lk, b1.to(tl.float16), out_dtype=tl.float16),
                                tl.dot(lk, b2.to(tl.float16), out_dtype=tl.float16), cos_j, sin_j)
                 s_low = tl.dot(k1, q1t) + tl.dot(k2, q2t)
-            # -- key residual, codes * rscale + rzero per token: q . e = rscale (q . codes) + rzero sum(q); run r
-            #    of the codes arrives as 1024 + code * 2^(r K_BITS), its query run divided by 2^(r K_BITS)
-            k_bytes = tl.load(K_resid + block * stride_krn + kvh64 * stride_krh + rows[:, None] * stride_krt
-                              + offs_kc[None, :])
-            kc = _code_runs(k_bytes, K_BITS, ASM)
-            s_res = tl.dot(kc[0], qk0)
-            if PK >= 2:
-                s_res = tl.dot(kc[1], qk1, s_res)
-            if PK == 4:
-                s_res = tl.dot(kc[3], qk3, tl.dot(kc[2], qk2, s_res))
             s = s_low + (s_res - k_bias[None, :]) * k_rs.to(tl.float32)[:, None] \
                 + q_sum[None, :] * k_rz.to(tl.float32)[:, None]
             # the next tile's stream scales: the keys' replace this tile's (used above), the values' wait for the end
@@ -528,6 +544,8 @@ def _alrkvd_decode_stage1(
                 acc3 = tl.dot(bv, (p_lat * 64).to(tl.float16),
                               tl.dot(vc[3], ps, acc3 * alpha[None, :])) + (low_zero * 64 - ps_bias)
             bv_s, lv_s, lv_z = next_bv_s, next_lv_s, next_lv_z
+            s_res = _residual_dots(K_resid, next_block, (tl.minimum(t + 1, last) % TILES) * BLOCK_N + offs_n, kvh64,
+                                   offs_kc, qk0, qk1, qk2, qk3, stride_krn, stride_krt, stride_krh, K_BITS, ASM)
 
         # output columns RUN * NV .. RUN * NV + NV - 1 are acc{RUN}, transposed back
         l_i = tl.max(l_r, 0)
