@@ -442,9 +442,9 @@ def _alrkvd_decode_stage1(
         next_rk = tl.load(Ranks + next_block * stride_rkn + offs_s, mask=mask_s, other=0)
         bk_s, lk_s, lk_z, bv_s, lv_s, lv_z = _stream_scales(next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale,
                                                             Latent_scale, Latent_zero, stride_bsn, NUM_KV_HEADS)
-        # the key residual's scores a tile ahead: their chain of dots overlaps the tile before's values
-        s_res = _residual_dots(K_resid, next_block, (t_start % TILES) * BLOCK_N + offs_n, kvh64, offs_kc, qk0, qk1, qk2,
-                               qk3, stride_krn, stride_krt, stride_krh, K_BITS, ASM)
+        if ROTATED_KEYS:  # the key residual's dots a tile ahead: their chain overlaps the tile before's values
+            s_res = _residual_dots(K_resid, next_block, (t_start % TILES) * BLOCK_N + offs_n, kvh64, offs_kc, qk0, qk1,
+                                   qk2, qk3, stride_krn, stride_krt, stride_krh, K_BITS, ASM)
         for t in range(t_start, t_end):
             rows = (t % TILES) * BLOCK_N + offs_n
             block = next_block
@@ -496,6 +496,9 @@ def _alrkvd_decode_stage1(
                 k1, k2 = _rope(tl.dot(lk, b1.to(tl.float16), out_dtype=tl.float16),
                                tl.dot(lk, b2.to(tl.float16), out_dtype=tl.float16), cos_j, sin_j)
                 s_low = tl.dot(k1, q1t) + tl.dot(k2, q2t)
+            if not ROTATED_KEYS:  # post_rope's loop spills with them a tile ahead
+                s_res = _residual_dots(K_resid, block, rows, kvh64, offs_kc, qk0, qk1, qk2, qk3, stride_krn, stride_krt,
+                                       stride_krh, K_BITS, ASM)
             s = s_low + (s_res - k_bias[None, :]) * k_rs.to(tl.float32)[:, None] \
                 + q_sum[None, :] * k_rz.to(tl.float32)[:, None]
             # the next tile's stream scales: the keys' replace this tile's (used above), the values' wait for the end
@@ -544,8 +547,9 @@ def _alrkvd_decode_stage1(
                 acc3 = tl.dot(bv, (p_lat * 64).to(tl.float16),
                               tl.dot(vc[3], ps, acc3 * alpha[None, :])) + (low_zero * 64 - ps_bias)
             bv_s, lv_s, lv_z = next_bv_s, next_lv_s, next_lv_z
-            s_res = _residual_dots(K_resid, next_block, (tl.minimum(t + 1, last) % TILES) * BLOCK_N + offs_n, kvh64,
-                                   offs_kc, qk0, qk1, qk2, qk3, stride_krn, stride_krt, stride_krh, K_BITS, ASM)
+            if ROTATED_KEYS:
+                s_res = _residual_dots(K_resid, next_block, (tl.minimum(t + 1, last) % TILES) * BLOCK_N + offs_n,
+                                       kvh64, offs_kc, qk0, qk1, qk2, qk3, stride_krn, stride_krt, stride_krh, K_BITS, ASM)
 
         # output columns RUN * NV .. RUN * NV + NV - 1 are acc{RUN}, transposed back
         l_i = tl.max(l_r, 0)

@@ -1,5 +1,5 @@
 # Device call 7 (from the repository root): call 6's table had post_rope and rank 64 slower than section 2o's run.
-# In one run at B=8 L=32k: a70f2f4 (before), the tree (now, 2fe0e4c's kernel), and the tree with the key residual's
+# In one run at B=8 L=32k: a70f2f4 (before), the tree (now, 72577c4), and the tree with the key residual's
 # dots a tile ahead only for rotated keys (try_gated.py; post_rope's loop spills less so, CPU compile).
 # The kernels come from make_kernels.sh.
 export PYTHONPATH=. ; D=benchmarks/results/alrkvd_warp_split_2026-12-03
