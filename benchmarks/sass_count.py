@@ -73,7 +73,8 @@ print(" ".join(l.strip() for l in usage.splitlines() if "REG" in l), "DYNAMIC_SH
 print(ops.most_common(24))
 print(mem.most_common(16))
 # loops: the instructions from a backward branch's target to the branch
-ins = [(int(m.group(1), 16), m.group(2)) for m in (re.match(r'\s+/\*([0-9a-f]{4,})\*/\s+(.*?);', l) for l in lines) if m]
+ins = [(int(m.group(1), 16), m.group(2))
+       for m in (re.match(r'\s+/\*([0-9a-f]{4,})\*/\s+(.*?);', l) for l in lines) if m]
 index = {a: i for i, (a, _) in enumerate(ins)}
 for i, (a, text) in enumerate(ins):
     target = re.search(r'BRA.*?0x([0-9a-f]+)', text)
@@ -81,5 +82,5 @@ for i, (a, text) in enumerate(ins):
         body = ins[index[int(target.group(1), 16)]:i + 1]
         n = collections.Counter(re.match(r'(@!?U?P\w+\s+)?([A-Z0-9_]+)', t).group(2) for _, t in body)
         print(f"loop {body[0][0]:#x}-{a:#x}: {len(body)} instructions,",
-              " ".join(f"{k}={n[k]}" for k in ("BAR", "HMMA", "LOP3", "PRMT", "SHFL", "LDS", "LDSM", "STS", "STSM",
-                                                  "LDG", "LDGSTS", "LDL", "STL")))
+              " ".join(f"{k}={n[k]}" for k in ("BAR", "HMMA", "LOP3", "PRMT", "SHFL", "LDS", "LDSM", "STS",
+                                                  "STSM", "LDG", "LDGSTS", "LDL", "STL")))

@@ -418,7 +418,7 @@ def _alrkvd_decode_stage1(
                    * 0.015625).to(tl.float16)
             k_bias += tl.sum(qk2.to(tl.float32), 0) + tl.sum(qk3.to(tl.float32), 0)
         k_bias *= 1024.0
-        if PK < 2:
+        if PK < 2:  # placeholders, unused: _residual_dots takes four runs
             qk1 = qk0
         if PK < 4:
             qk2, qk3 = qk0, qk0
@@ -442,7 +442,10 @@ def _alrkvd_decode_stage1(
         next_rk = tl.load(Ranks + next_block * stride_rkn + offs_s, mask=mask_s, other=0)
         bk_s, lk_s, lk_z, bv_s, lv_s, lv_z = _stream_scales(next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale,
                                                             Latent_scale, Latent_zero, stride_bsn, NUM_KV_HEADS)
-        if ROTATED_KEYS:  # the key residual's dots a tile ahead: their chain overlaps the tile before's values
+        # rotated keys: the key residual's dots a tile ahead, their chain beside the tile before's values (B=8 L=32k:
+        # 137.4 against 140.3 us with q B^T's two chains below, BENCHMARKS.md section 2p; the last tile's next is
+        # itself again, computed and not used)
+        if ROTATED_KEYS:
             s_res = _residual_dots(K_resid, next_block, (t_start % TILES) * BLOCK_N + offs_n, kvh64, offs_kc, qk0, qk1,
                                    qk2, qk3, stride_krn, stride_krt, stride_krh, K_BITS, ASM)
         for t in range(t_start, t_end):
@@ -496,7 +499,8 @@ def _alrkvd_decode_stage1(
                 k1, k2 = _rope(tl.dot(lk, b1.to(tl.float16), out_dtype=tl.float16),
                                tl.dot(lk, b2.to(tl.float16), out_dtype=tl.float16), cos_j, sin_j)
                 s_low = tl.dot(k1, q1t) + tl.dot(k2, q2t)
-            if not ROTATED_KEYS:  # post_rope's loop spills with them a tile ahead
+            # -- key residual, codes * rscale + rzero per token: q . e = rscale (q . codes) + rzero sum(q)
+            if not ROTATED_KEYS:  # in the tile: post_rope's loop spilled with them ahead (273.8 against 263.2 us)
                 s_res = _residual_dots(K_resid, block, rows, kvh64, offs_kc, qk0, qk1, qk2, qk3, stride_krn, stride_krt,
                                        stride_krh, K_BITS, ASM)
             s = s_low + (s_res - k_bias[None, :]) * k_rs.to(tl.float32)[:, None] \
@@ -549,7 +553,8 @@ def _alrkvd_decode_stage1(
             bv_s, lv_s, lv_z = next_bv_s, next_lv_s, next_lv_z
             if ROTATED_KEYS:
                 s_res = _residual_dots(K_resid, next_block, (tl.minimum(t + 1, last) % TILES) * BLOCK_N + offs_n,
-                                       kvh64, offs_kc, qk0, qk1, qk2, qk3, stride_krn, stride_krt, stride_krh, K_BITS, ASM)
+                                       kvh64, offs_kc, qk0, qk1, qk2, qk3, stride_krn, stride_krt, stride_krh, K_BITS,
+                                       ASM)
 
         # output columns RUN * NV .. RUN * NV + NV - 1 are acc{RUN}, transposed back
         l_i = tl.max(l_r, 0)
