@@ -443,7 +443,7 @@ def _alrkvd_decode_stage1(
         bk_s, lk_s, lk_z, bv_s, lv_s, lv_z = _stream_scales(next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale,
                                                             Latent_scale, Latent_zero, stride_bsn, NUM_KV_HEADS)
         # rotated keys: the key residual's dots a tile ahead, their chain beside the tile before's values (B=8 L=32k:
-        # 137.4 against 140.3 us with q B^T's two chains below, BENCHMARKS.md section 2p; the last tile's next is
+        # 137.9 against 140.3 us, with q B^T's two chains below; BENCHMARKS.md section 2p; the last tile's next is
         # itself again, computed and not used)
         if ROTATED_KEYS:
             s_res = _residual_dots(K_resid, next_block, (t_start % TILES) * BLOCK_N + offs_n, kvh64, offs_kc, qk0, qk1,
@@ -535,8 +535,8 @@ def _alrkvd_decode_stage1(
             vc = _code_runs(v_bytes, V_BITS, ASM)
             # acc{r} holds 2^(r V_BITS) times its output rows (taken off at the end), so run r's codes, as they
             # arrive, need no scaling per element; its low-rank part and zero are scaled instead ([R, GN], [NV, GN]).
-            # The biases are added after the dots, which then start as soon as ps is in (B=8 L=32k: 140.7 against
-            # 147.8 us added into their accumulators, BENCHMARKS.md section 2p)
+            # The biases are added after the dots, which then start as soon as ps is in (B=8 L=32k: 141.3 us, and
+            # 147.8 added into their accumulators, against 145.1 with the reduction; BENCHMARKS.md section 2p)
             bv = _byte_code(_load_2d(bv_blk, offs_vc, offs_r, offs_vc < NV, mv, 1, stride_br), True, ASM)
             acc0 = tl.dot(bv, p_lat, tl.dot(vc[0], ps, acc0 * alpha[None, :])) + (low_zero - ps_bias)
             if PV >= 2:
