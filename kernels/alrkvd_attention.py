@@ -203,10 +203,13 @@ def _code_runs(b, BITS: tl.constexpr, ASM: tl.constexpr):
 
 
 def _bytes_ptx(signed: bool) -> tl.constexpr:
-    """PTX for `_byte_code`: 4 bytes in, two fp16 registers out (lop3 immediate 0x6a: (a & b) ^ c)."""
-    bits = "0x64806480" if signed else "0x64006400"
-    return tl.constexpr("{ .reg .b32 lo, hi; prmt.b32 lo, $2, 0, 0x4140; prmt.b32 hi, $2, 0, 0x4342; "
-                        f"lop3.b32 $0, lo, 0x00ff00ff, {bits}, 0x6a; lop3.b32 $1, hi, 0x00ff00ff, {bits}, 0x6a; }}")
+    """PTX for `_byte_code`: 4 bytes in, two fp16 registers out. prmt puts bytes 0, 1 (2, 3) of a register in the low
+    bytes of two fp16 halves and 0x64 in their high bytes: 1024 + byte, one instruction per pair; int8 has its sign
+    bits flipped first, all four in one xor."""
+    word = "x" if signed else "$2"
+    flip = "xor.b32 x, $2, 0x80808080; " if signed else ""
+    return tl.constexpr(f"{{ .reg .b32 x; {flip}prmt.b32 $0, {word}, 0x64646464, 0x4140; "
+                        f"prmt.b32 $1, {word}, 0x64646464, 0x4342; }}")
 
 
 _PTX_U8, _PTX_S8 = _bytes_ptx(False), _bytes_ptx(True)
@@ -257,15 +260,23 @@ def _rope(x1, x2, cos, sin):
 
 
 @triton.jit
-def _stream_scales(block, rk, offs_s, offs_r, pid_kvh, Basis_scale, Latent_scale, Latent_zero, stride_bsn,
-                   NUM_KV_HEADS: tl.constexpr):
-    """The basis scale, latent scale and latent zero of kv head pid_kvh's K and V streams in `block`, whose ranks
-    are rk [BLOCK_S]: six fp16 [BLOCK_R] vectors as stored, 0 past the stream's rank."""
+def _stream_rows(rk, offs_s, offs_r, pid_kvh, NUM_KV_HEADS: tl.constexpr):
+    """Where kv head pid_kvh's K and V streams sit in a block whose ranks are rk [BLOCK_S]: the first row of each
+    among the block's R rows, and [BLOCK_R] masks of their ranks."""
     rk = rk.to(tl.int32)
     off_k = tl.sum(tl.where(offs_s < pid_kvh, rk, 0), 0)
     mk = offs_r < tl.sum(tl.where(offs_s == pid_kvh, rk, 0), 0)
     off_v = tl.sum(tl.where(offs_s < NUM_KV_HEADS + pid_kvh, rk, 0), 0)
     mv = offs_r < tl.sum(tl.where(offs_s == NUM_KV_HEADS + pid_kvh, rk, 0), 0)
+    return off_k, mk, off_v, mv
+
+
+@triton.jit
+def _stream_scales(block, rk, offs_s, offs_r, pid_kvh, Basis_scale, Latent_scale, Latent_zero, stride_bsn,
+                   NUM_KV_HEADS: tl.constexpr):
+    """The basis scale, latent scale and latent zero of kv head pid_kvh's K and V streams in `block`, whose ranks
+    are rk [BLOCK_S]: six fp16 [BLOCK_R] vectors as stored, 0 past the stream's rank."""
+    off_k, mk, off_v, mv = _stream_rows(rk, offs_s, offs_r, pid_kvh, NUM_KV_HEADS)
     k_rows = block * stride_bsn + off_k + offs_r
     v_rows = block * stride_bsn + off_v + offs_r
     return (tl.load(Basis_scale + k_rows, mask=mk, other=0.0), tl.load(Latent_scale + k_rows, mask=mk, other=0.0),
@@ -451,7 +462,7 @@ def _alrkvd_decode_stage1(
         for t in range(t_start, t_end):
             rows = (t % TILES) * BLOCK_N + offs_n
             block = next_block
-            rk = next_rk.to(tl.int32)
+            rk = next_rk
             next_block = block_after.to(tl.int64)
             block_after = tl.load(bt_row + tl.minimum(t + 2, last) // TILES)
             next_rk = tl.load(Ranks + next_block * stride_rkn + offs_s, mask=mask_s, other=0)
@@ -463,12 +474,7 @@ def _alrkvd_decode_stage1(
             k_rs, k_rz = tl.load(K_rscale + ks_off), tl.load(K_rzero + ks_off)
             v_rs, v_rz = tl.load(V_rscale + vs_off), tl.load(V_rzero + vs_off)
             # -- this head's K and V streams: offset and rank inside the block's R rows
-            off_k = tl.sum(tl.where(offs_s < pid_kvh, rk, 0), 0)
-            r_k = tl.sum(tl.where(offs_s == pid_kvh, rk, 0), 0)
-            off_v = tl.sum(tl.where(offs_s < NUM_KV_HEADS + pid_kvh, rk, 0), 0)
-            r_v = tl.sum(tl.where(offs_s == NUM_KV_HEADS + pid_kvh, rk, 0), 0)
-            mk = offs_r < r_k
-            mv = offs_r < r_v
+            off_k, mk, off_v, mv = _stream_rows(rk, offs_s, offs_r, pid_kvh, NUM_KV_HEADS)
             basis_blk = Basis + block * stride_bn
             lat_blk = Latent + block * stride_ln
 
