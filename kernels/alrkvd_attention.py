@@ -446,7 +446,10 @@ def _alrkvd_decode_stage1(
         # scales of its streams (the index clamped into the sequence's table so that the last prefetches read a
         # valid entry). Each load's address is in hand an iteration or half of one before it is issued, and its
         # value is used an iteration or half of one after; the streams' scales (one fp16 per basis row) are too
-        # narrow for Triton's pipeliner, and would be waited for in every tile.
+        # narrow for Triton's pipeliner, and would be waited for in every tile. With rotated keys they are loaded at
+        # the end of the tile before: mid-tile, Nsight Compute found 5% of the loop's stall samples waiting on them,
+        # and B=32 L=32k took 492.7 against 475.6 us (B=8 L=4k: 42.2 against 43.7); post_rope keeps them mid-tile
+        # (263.2 against 277.7 us at B=8 L=32k; BENCHMARKS.md section 2q).
         last = tl.maximum(n_tiles - 1, 0)
         next_block = tl.load(bt_row + tl.minimum(t_start, last) // TILES).to(tl.int64)
         block_after = tl.load(bt_row + tl.minimum(t_start + 1, last) // TILES)  # widened where used, a tile later
@@ -511,10 +514,10 @@ def _alrkvd_decode_stage1(
                                        stride_krh, K_BITS, ASM)
             s = s_low + (s_res - k_bias[None, :]) * k_rs.to(tl.float32)[:, None] \
                 + q_sum[None, :] * k_rz.to(tl.float32)[:, None]
-            # the next tile's stream scales: the keys' replace this tile's (used above), the values' wait for the end
-            bk_s, lk_s, lk_z, next_bv_s, next_lv_s, next_lv_z = _stream_scales(
-                next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale, Latent_scale, Latent_zero, stride_bsn,
-                NUM_KV_HEADS)
+            if not ROTATED_KEYS:  # the next tile's stream scales: the keys' replace this tile's, the values' wait
+                bk_s, lk_s, lk_z, next_bv_s, next_lv_s, next_lv_z = _stream_scales(
+                    next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale, Latent_scale, Latent_zero, stride_bsn,
+                    NUM_KV_HEADS)
             p, alpha, m_i, l_r = softmax_update(s * qk_scale, all_n, m_i, l_r, 0, ADD_SUM=False)
             # the weights as the dots take them, and the column sums over tokens as dots of the same operands (each
             # row of the result the sum): the softmax's (of the fp16 weights, as the values are weighted), the
@@ -556,11 +559,15 @@ def _alrkvd_decode_stage1(
                 bv = _byte_code(_load_2d(bv_blk + 3 * NV, offs_vc, offs_r, offs_vc < NV, mv, 1, stride_br), True, ASM)
                 acc3 = tl.dot(bv, (p_lat * 64).to(tl.float16),
                               tl.dot(vc[3], ps, acc3 * alpha[None, :])) + (low_zero * 64 - ps_bias)
-            bv_s, lv_s, lv_z = next_bv_s, next_lv_s, next_lv_z
-            if ROTATED_KEYS:
+            if ROTATED_KEYS:  # the next tile's stream scales, and its key residual's dots
+                bk_s, lk_s, lk_z, bv_s, lv_s, lv_z = _stream_scales(
+                    next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale, Latent_scale, Latent_zero, stride_bsn,
+                    NUM_KV_HEADS)
                 s_res = _residual_dots(K_resid, next_block, (tl.minimum(t + 1, last) % TILES) * BLOCK_N + offs_n,
                                        kvh64, offs_kc, qk0, qk1, qk2, qk3, stride_krn, stride_krt, stride_krh, K_BITS,
                                        ASM)
+            else:
+                bv_s, lv_s, lv_z = next_bv_s, next_lv_s, next_lv_z
 
         # output columns RUN * NV .. RUN * NV + NV - 1 are acc{RUN}, transposed back
         l_i = tl.max(l_r, 0)
