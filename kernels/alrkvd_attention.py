@@ -219,14 +219,15 @@ _PTX_U8, _PTX_S8 = _bytes_ptx(False), _bytes_ptx(True)
 def _byte_code(b, SIGNED: tl.constexpr, ASM: tl.constexpr):
     """Bytes b (uint8, or int8 with SIGNED) as the fp16 1024 + b (1152 + b for int8: its sign bit flipped), exact,
     without an int-to-float conversion. ASM (compiled only): two per instruction, packed in pairs as tl.dot wants
-    them (prmt spreads two bytes to two fp16 halves, one lop3 masks, flips and ORs 0x6400 into both)."""
+    them (`_bytes_ptx`: one prmt puts two bytes under 0x64 high bytes; int8 has its sign bits flipped by one xor
+    first)."""
     if ASM:
         if SIGNED:
             return tl.inline_asm_elementwise(_PTX_S8, "=r,=r,r", [b], tl.float16, is_pure=True, pack=4)
         else:
             return tl.inline_asm_elementwise(_PTX_U8, "=r,=r,r", [b], tl.float16, is_pure=True, pack=4)
     if SIGNED:
-        return ((b.to(tl.int16) & 0xFF) ^ 0x6480).to(tl.float16, bitcast=True)
+        return fp16_bits((b.to(tl.int16) & 0xFF) ^ 0x80)
     return fp16_bits(b.to(tl.int16))
 
 
