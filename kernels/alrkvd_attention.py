@@ -85,8 +85,9 @@ from kernels.tuning import get_config
 # spans this many tokens (its width: with CUDA graphs, the longest sequence a replay allows). With the transposed
 # dots, at B=1 2 warps take 86.6 against 127.2 us at L=128k and 32.2 against 38.5 at 32k, about the same at 16k,
 # and lose below (19.2 against 12.6 at 4k); B=2 and 4 the same way (BENCHMARKS.md section 2n).
-_DEFAULT_STAGE1 = {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, "MIN_TOKENS_PER_SPLIT": 128,
-                   "NUM_WARPS_MANY_PAIRS": 2, "BLOCK_N_MANY_PAIRS_HEAVY": 64, "LONG_TOKENS": 16384}
+_DEFAULT_STAGE1 = {"BLOCK_N": 128, "WINDOW_N": 128, "num_warps": 4, "num_stages": 2, "MIN_TOKENS_PER_SPLIT": 128,
+                   "NUM_WARPS_MANY_PAIRS": 2, "BLOCK_N_MANY_PAIRS_HEAVY": 64, "WINDOW_N_MANY_PAIRS": 32,
+                   "LONG_TOKENS": 16384}
 MANY_PAIRS = 64
 
 # The ALRKVDFormat options this kernel reads (and group = head_dim); other options take the PyTorch path. It reads
@@ -321,6 +322,7 @@ def _alrkvd_decode_stage1(
     HEAD_DIM: tl.constexpr,  # a power of two
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block (T)
     BLOCK_N: tl.constexpr,  # tokens per tile, divides BLOCK_SIZE
+    WINDOW_N: tl.constexpr,  # tokens per tile of the window
     BLOCK_R: tl.constexpr,  # >= rank_max, >= 16, a power of two
     BLOCK_S: tl.constexpr,  # >= 2 * NUM_KV_HEADS, a power of two
     K_BITS: tl.constexpr, V_BITS: tl.constexpr,
@@ -370,13 +372,14 @@ def _alrkvd_decode_stage1(
         start = n_closed * BLOCK_SIZE
         # not pipelined: the window is one or two tiles, and a pipeline's buffers for its fp32 tiles took stage 1
         # from 26.6 to 75.8 KB of shared memory: 3 programs per SM instead of 4 (BENCHMARKS.md section 2i)
-        for start_n in tl.range(start, seq_len, BLOCK_N, num_stages=1):
-            mask_n = start_n + offs_n < seq_len
-            rows = (start_n - start + offs_n).to(tl.int64) * stride_wt + w_off
+        offs_w = tl.arange(0, WINDOW_N)
+        for start_n in tl.range(start, seq_len, WINDOW_N, num_stages=1):
+            mask_n = start_n + offs_w < seq_len
+            rows = (start_n - start + offs_w).to(tl.int64) * stride_wt + w_off
             k_ptrs = Window_k + rows[:, None]
             k1 = tl.load(k_ptrs + offs_h[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
             k2 = tl.load(k_ptrs + HALF + offs_h[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
-            cs_off = (start_n + offs_n)[:, None] * stride_cs + offs_h[None, :]
+            cs_off = (start_n + offs_w)[:, None] * stride_cs + offs_h[None, :]
             cos = tl.load(Cos + cs_off, mask=mask_n[:, None], other=1.0)
             sin = tl.load(Sin + cs_off, mask=mask_n[:, None], other=0.0)
             r1, r2 = _rope(k1, k2, cos, sin)
@@ -612,8 +615,10 @@ def launch_config(cfg: dict, many_pairs: bool, rank_max: int, rotated_keys: bool
     cfg.pop("LONG_TOKENS", None)
     many_pairs_warps = cfg.pop("NUM_WARPS_MANY_PAIRS", None)
     heavy_tile = cfg.pop("BLOCK_N_MANY_PAIRS_HEAVY", None)
+    window_tile = cfg.pop("WINDOW_N_MANY_PAIRS", None)
     if many_pairs and many_pairs_warps:
         cfg["num_warps"] = many_pairs_warps
+        cfg["WINDOW_N"] = window_tile or cfg["WINDOW_N"]
         if heavy_tile and (rank_max > 32 or not rotated_keys):
             cfg["BLOCK_N"] = heavy_tile
     return cfg
@@ -628,7 +633,7 @@ def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_
     assert mid_o.shape == (batch, num_q_heads, num_partials, head_dim) and mid_o.dtype == torch.float32
     assert mid_lse.shape == (batch, num_q_heads, num_partials) and mid_lse.dtype == torch.float32
     group = num_q_heads // num_kv_heads
-    block_n = min(cfg.pop("BLOCK_N"), block_size)
+    block_n, window_n = min(cfg.pop("BLOCK_N"), block_size), min(cfg.pop("WINDOW_N"), block_size)
     assert block_size % block_n == 0
     grid = (batch, num_kv_heads, num_partials)
     launch = functools.partial(_alrkvd_decode_stage1.warmup, grid=grid) if warmup else _alrkvd_decode_stage1[grid]
@@ -656,7 +661,7 @@ def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_
         BLOCK_G=triton.next_power_of_2(group), BLOCK_GN=max(8, triton.next_power_of_2(group)),
         MERGE_CHUNK=merge_chunk(group, head_dim, cfg["num_warps"]),
         HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, BLOCK_N=block_n,
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, WINDOW_N=window_n,
         BLOCK_R=max(16, triton.next_power_of_2(cache.rank_max)),
         BLOCK_S=triton.next_power_of_2(2 * num_kv_heads),
         K_BITS=cache.k_bits, V_BITS=cache.v_bits, ROTATED_KEYS=cache.rotated_keys,

@@ -83,7 +83,7 @@ def main() -> None:
     ] + [
         (f"alrkvd stage 1 (rank<={r}{', rotated keys' if rot else ''}, {c['num_warps']} warps, tile {c['BLOCK_N']})",
          alrkvd_attention._alrkvd_decode_stage1, alr_ptrs, {"qk_scale"},
-         dict(alr_common, BLOCK_N=c["BLOCK_N"], BLOCK_R=r, ROTATED_KEYS=rot,
+         dict(alr_common, BLOCK_N=c["BLOCK_N"], WINDOW_N=c["WINDOW_N"], BLOCK_R=r, ROTATED_KEYS=rot,
               MIN_TILES=c["MIN_TOKENS_PER_SPLIT"] // c["BLOCK_N"]),
          dict(num_warps=c["num_warps"], num_stages=c["num_stages"]))
         for rot, r, c in alr_launches
