@@ -86,7 +86,7 @@ from kernels.tuning import get_config
 # dots, at B=1 2 warps take 86.6 against 127.2 us at L=128k and 32.2 against 38.5 at 32k, about the same at 16k,
 # and lose below (19.2 against 12.6 at 4k); B=2 and 4 the same way (BENCHMARKS.md section 2n).
 _DEFAULT_STAGE1 = {"BLOCK_N": 128, "WINDOW_N": 128, "num_warps": 4, "num_stages": 2, "MIN_TOKENS_PER_SPLIT": 128,
-                   "NUM_WARPS_MANY_PAIRS": 2, "BLOCK_N_MANY_PAIRS_HEAVY": 64, "WINDOW_N_MANY_PAIRS": 32,
+                   "NUM_WARPS_MANY_PAIRS": 2, "BLOCK_N_MANY_PAIRS_HEAVY": 64, "WINDOW_N_MANY_PAIRS": 64,
                    "LONG_TOKENS": 16384}
 MANY_PAIRS = 64
 
