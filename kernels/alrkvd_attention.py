@@ -84,7 +84,12 @@ from kernels.tuning import get_config
 # post_rope's 2-warp loop spill. LONG_TOKENS: the 2-warp launch also where fewer pairs run but the block table
 # spans this many tokens (its width: with CUDA graphs, the longest sequence a replay allows). With the transposed
 # dots, at B=1 2 warps take 86.6 against 127.2 us at L=128k and 32.2 against 38.5 at 32k, about the same at 16k,
-# and lose below (19.2 against 12.6 at 4k); B=2 and 4 the same way (BENCHMARKS.md section 2n).
+# and lose below (19.2 against 12.6 at 4k); B=2 and 4 the same way (BENCHMARKS.md section 2n). WINDOW_N(_MANY_PAIRS):
+# the window's tile. At 2 warps its 128-token fp32 tiles made the whole build spill (250 bytes); at 64 it does not,
+# and the window's program, last on the critical path at short contexts, takes less time: B=8 L=4k 43.8 -> 36.0 us,
+# B=8 L=32k 136.9 -> 132.3 (32-token tiles: 40.1 and 138.8, one more trip to memory each). The 4-warp launch keeps
+# 128, one tile (B=1 L=4k: 13.3 against 14.4 us at 64 and 20.1 at 32; BENCHMARKS.md section 2r). maxnreg caps of
+# 200 and 168 (5 and 6 programs per SM, the build spilling nothing or 24 bytes) were 7-44% slower from L=32k up.
 _DEFAULT_STAGE1 = {"BLOCK_N": 128, "WINDOW_N": 128, "num_warps": 4, "num_stages": 2, "MIN_TOKENS_PER_SPLIT": 128,
                    "NUM_WARPS_MANY_PAIRS": 2, "BLOCK_N_MANY_PAIRS_HEAVY": 64, "WINDOW_N_MANY_PAIRS": 64,
                    "LONG_TOKENS": 16384}
@@ -370,7 +375,7 @@ def _alrkvd_decode_stage1(
         slot = tl.load(Window_slots + pid_b).to(tl.int64)
         w_off = slot * stride_wn + pid_kvh.to(tl.int64) * stride_wh
         start = n_closed * BLOCK_SIZE
-        # not pipelined: the window is one or two tiles, and a pipeline's buffers for its fp32 tiles took stage 1
+        # not pipelined: the window is a few tiles (WINDOW_N), and a pipeline's buffers for its fp32 tiles took stage 1
         # from 26.6 to 75.8 KB of shared memory: 3 programs per SM instead of 4 (BENCHMARKS.md section 2i)
         offs_w = tl.arange(0, WINDOW_N)
         for start_n in tl.range(start, seq_len, WINDOW_N, num_stages=1):

@@ -135,6 +135,15 @@ def test_block_filled_this_step_is_read_from_the_window():
     _check(q, case, num_splits=2)
 
 
+def test_window_in_several_tiles(monkeypatch):
+    # the window's tile (WINDOW_N; 64 tokens in the 2-warp launch on the GPU) shorter than the window: a 32-token
+    # block's window holding 1, 17 and 32 tokens, read 16 at a time
+    for key in ("WINDOW_N", "WINDOW_N_MANY_PAIRS"):
+        monkeypatch.setitem(alrkvd_mod._DEFAULT_STAGE1, key, 16)
+    q, case = _random_case([32 + 1, 2 * 32 + 17, 3 * 32], num_kv_heads=2, gqa=3, head_dim=64, block_size=32, seed=13)
+    _check(q, case, num_splits=2)
+
+
 @pytest.mark.parametrize("options", [
     {"k_bits": 4, "v_bits": 2},
     {"k_bits": 8, "v_bits": 4},
