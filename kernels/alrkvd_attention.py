@@ -90,9 +90,13 @@ from kernels.tuning import get_config
 # B=8 L=32k 136.9 -> 132.3 (32-token tiles: 40.1 and 138.8, one more trip to memory each). The 4-warp launch keeps
 # 128, one tile (B=1 L=4k: 13.3 against 14.4 us at 64 and 20.1 at 32; BENCHMARKS.md section 2r). maxnreg caps of
 # 200 and 168 (5 and 6 programs per SM, the build spilling nothing or 24 bytes) were 7-44% slower from L=32k up.
+# WINDOW_TILES(_MANY_PAIRS): the window's program in tiles, for the split count (`wave_num_splits`: windows that the
+# last wave cannot hold run after it). 2.5 fits the 2-warp launch on the H200: B=8 L=4k took 28.9 us at 7 splits (one
+# wave with the windows) against 35.9 at 8, and B=8 L=32k 144.6 at 7 against 133.1 at 8 (section 2r); the 4-warp
+# launch, not measured so, keeps 0.
 _DEFAULT_STAGE1 = {"BLOCK_N": 128, "WINDOW_N": 128, "num_warps": 4, "num_stages": 2, "MIN_TOKENS_PER_SPLIT": 128,
                    "NUM_WARPS_MANY_PAIRS": 2, "BLOCK_N_MANY_PAIRS_HEAVY": 64, "WINDOW_N_MANY_PAIRS": 64,
-                   "LONG_TOKENS": 16384}
+                   "WINDOW_TILES": 0.0, "WINDOW_TILES_MANY_PAIRS": 2.5, "LONG_TOKENS": 16384}
 MANY_PAIRS = 64
 
 # The ALRKVDFormat options this kernel reads (and group = head_dim); other options take the PyTorch path. It reads
@@ -621,9 +625,11 @@ def launch_config(cfg: dict, many_pairs: bool, rank_max: int, rotated_keys: bool
     many_pairs_warps = cfg.pop("NUM_WARPS_MANY_PAIRS", None)
     heavy_tile = cfg.pop("BLOCK_N_MANY_PAIRS_HEAVY", None)
     window_tile = cfg.pop("WINDOW_N_MANY_PAIRS", None)
+    window_cost = cfg.pop("WINDOW_TILES_MANY_PAIRS", None)
     if many_pairs and many_pairs_warps:
         cfg["num_warps"] = many_pairs_warps
         cfg["WINDOW_N"] = window_tile or cfg["WINDOW_N"]
+        cfg["WINDOW_TILES"] = window_cost if window_cost is not None else cfg.get("WINDOW_TILES", 0.0)
         if heavy_tile and (rank_max > 32 or not rotated_keys):
             cfg["BLOCK_N"] = heavy_tile
     return cfg
@@ -722,6 +728,7 @@ def alrkvd_decode_attention(
     assert cos.stride() == sin.stride() and cos.stride(1) == 1 and cos.shape[0] >= block_size
     cfg = _stage1_config(q, cache, block_tables)
     min_tokens = cfg.pop("MIN_TOKENS_PER_SPLIT", MIN_TOKENS_PER_SPLIT)
+    window_tiles = cfg.pop("WINDOW_TILES", 0.0)
     tickets = decode_tickets(tickets, batch * num_kv_heads, q.device)
     inputs = (q, cache, window_k, window_v, block_tables, seq_lens, window_slots, cos, sin, scale)
 
@@ -736,7 +743,7 @@ def alrkvd_decode_attention(
         num_splits = windowed_num_splits(
             lambda: _alrkvd_stage1(*inputs, *partials(3), tickets, dict(cfg), min_tokens, warmup=True), key,
             batch, num_kv_heads, block_tables.shape[1], block_size, min(cfg["BLOCK_N"], block_size), min_tokens,
-            q.device)
+            q.device, window_tiles)
     mid_o, mid_lse, out = partials(num_splits + 1)
     _alrkvd_stage1(*inputs, mid_o, mid_lse, out, tickets, cfg, min_tokens)
     return out

@@ -251,22 +251,27 @@ def default_num_splits(batch: int, num_kv_heads: int, max_len: int, device: torc
 
 
 @functools.lru_cache(maxsize=None)  # called per layer and step in eager decode: a Python search over up to 64 counts
-def wave_num_splits(pairs: int, tiles: int, resident: int, most: int) -> int:
+def wave_num_splits(pairs: int, tiles: int, resident: int, most: int, window_tiles: float = 0.0) -> int:
     """Splits per (sequence, kv head) for `pairs` of them over `tiles` tiles each, when the GPU runs `resident`
     programs at once: the fewest of 1..most that minimize waves x (tiles per split + 2), the 2 for a program's
     start and end (its first loads, not overlapped; the partial it stores). Programs past a whole wave run in
     another, so a split count that one wave does not hold costs a second pass. On the H200 (ALR-KVD, B=8
     L=32k) 9 splits took 502 us, 6 or 12 splits 407-412 us, and the model ranks the ten split counts
-    measured there in nearly their measured order (BENCHMARKS.md section 2i)."""
-    return min(range(1, max(1, most) + 1),
-               key=lambda s: (triton.cdiv(pairs * s, resident) * (triton.cdiv(tiles, s) + 2), s))
+    measured there in nearly their measured order (BENCHMARKS.md section 2i). window_tiles: the time of the
+    window's program (one more per pair, launched after the splits), in tiles; where the last wave's idle slots
+    cannot take every window, the windows run after it and add that time (BENCHMARKS.md section 2r)."""
+    def cost(s):
+        waves = triton.cdiv(pairs * s, resident)
+        late = window_tiles if waves * resident - pairs * s < pairs else 0.0
+        return waves * (triton.cdiv(tiles, s) + 2) + late, s
+    return min(range(1, max(1, most) + 1), key=cost)
 
 
 _RESIDENT: dict[tuple, int] = {}  # a windowed decode kernel's launch (its key) -> programs the GPU runs at once
 
 
 def windowed_num_splits(compile_stage1, key: tuple, batch: int, num_kv_heads: int, width: int, block_size: int,
-                        block_n: int, min_tokens: int, device: torch.device) -> int:
+                        block_n: int, min_tokens: int, device: torch.device, window_tiles: float = 0.0) -> int:
     """Splits per (sequence, kv head) of a windowed decode kernel (ALR-KVD, KIVI) over block tables `width`
     wide, the last block in the window. On CUDA: whole waves of the programs the GPU runs at once
     (`wave_num_splits`); `compile_stage1()` returns stage 1 compiled for 2 splits, specialized as most launches
@@ -277,7 +282,7 @@ def windowed_num_splits(compile_stage1, key: tuple, batch: int, num_kv_heads: in
         _RESIDENT[key] = resident_programs(compile_stage1(), device)
     closed = max(1, width - 1)
     most = min(MAX_SPLITS, closed * block_size // min_tokens)
-    return wave_num_splits(batch * num_kv_heads, closed * (block_size // block_n), _RESIDENT[key], most)
+    return wave_num_splits(batch * num_kv_heads, closed * (block_size // block_n), _RESIDENT[key], most, window_tiles)
 
 
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}

@@ -114,3 +114,7 @@ def test_wave_num_splits_fills_whole_waves():
     assert wave_num_splits(64, 512, 528, 64) == 8        # 4 programs per SM: 512 programs in one wave
     assert wave_num_splits(1024, 10, 100, 5) == 1        # more pairs than a wave: no splitting
     assert wave_num_splits(8, 100, 264, 0) == 1          # at least one split
+    # the windows' programs (ALR-KVD: one more per pair, after the splits) counted at 2.5 tiles each: B=8 L=4k takes
+    # 7 splits, whose wave holds the windows too; at L=32k a split fewer costs more than the windows' wait
+    assert wave_num_splits(64, 31, 528, 31, 2.5) == 7
+    assert wave_num_splits(64, 255, 528, 64, 2.5) == 8
