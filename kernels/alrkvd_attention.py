@@ -91,9 +91,10 @@ from kernels.tuning import get_config
 # 128, one tile (B=1 L=4k: 13.3 against 14.4 us at 64 and 20.1 at 32; BENCHMARKS.md section 2r). maxnreg caps of
 # 200 and 168 (5 and 6 programs per SM, the build spilling nothing or 24 bytes) were 7-44% slower from L=32k up.
 # WINDOW_TILES(_MANY_PAIRS): the window's program in tiles, for the split count (`wave_num_splits`: windows that the
-# last wave cannot hold run after it). 2.5 fits the 2-warp launch on the H200: B=8 L=4k took 28.9 us at 7 splits (one
-# wave with the windows) against 35.9 at 8, and B=8 L=32k 144.6 at 7 against 133.1 at 8 (section 2r); the 4-warp
-# launch, not measured so, keeps 0.
+# last wave cannot hold run after it). 2.5 fits the 2-warp launch on the H200: counted as a whole program, B=8 L=4k
+# took 28.9 us at 7 splits (one wave with the windows) against 35.9 at 8, but B=8 L=32k 144.6 at 7 against 133.1; at
+# 2.5, B=8 L=4k 36.0 -> 28.8 and L=8k 51.4 -> 45.3, the rest the same split count (BENCHMARKS.md section 2r). The
+# 4-warp launch, not measured so, keeps 0.
 _DEFAULT_STAGE1 = {"BLOCK_N": 128, "WINDOW_N": 128, "num_warps": 4, "num_stages": 2, "MIN_TOKENS_PER_SPLIT": 128,
                    "NUM_WARPS_MANY_PAIRS": 2, "BLOCK_N_MANY_PAIRS_HEAVY": 64, "WINDOW_N_MANY_PAIRS": 64,
                    "WINDOW_TILES": 0.0, "WINDOW_TILES_MANY_PAIRS": 2.5, "LONG_TOKENS": 16384}
