@@ -283,8 +283,10 @@ def bench_config(batch, length, variants, args, device, copy_bw, gen):
 TUNE_SPACE = {
     "paged_decode_stage1": [dict(BLOCK_N=n, num_warps=w, num_stages=st)
                             for n, w, st in [(32, 4, 2), (32, 8, 2), (64, 8, 2), (64, 8, 3), (128, 8, 2)]],
-    # one warp count at every batch (NUM_WARPS_MANY_PAIRS is left out); MIN_TOKENS_PER_SPLIT 128 as the default
-    "alrkvd_decode_stage1": [dict(BLOCK_N=n, num_warps=w, num_stages=2, MIN_TOKENS_PER_SPLIT=128)
+    # one warp count at every batch (NUM_WARPS_MANY_PAIRS is left out); MIN_TOKENS_PER_SPLIT 128 as the default, the
+    # window's tile as the defaults give it (64 at 2 warps, else 128; BENCHMARKS.md section 2r)
+    "alrkvd_decode_stage1": [dict(BLOCK_N=n, WINDOW_N=64 if w == 2 else 128, num_warps=w, num_stages=2,
+                                  MIN_TOKENS_PER_SPLIT=128)
                              for n, w in [(32, 2), (64, 2), (128, 2), (32, 4), (64, 4), (128, 4), (64, 8), (128, 8)]],
 }
 

@@ -630,7 +630,7 @@ def launch_config(cfg: dict, many_pairs: bool, rank_max: int, rotated_keys: bool
     if many_pairs and many_pairs_warps:
         cfg["num_warps"] = many_pairs_warps
         cfg["WINDOW_N"] = window_tile or cfg["WINDOW_N"]
-        cfg["WINDOW_TILES"] = window_cost if window_cost is not None else cfg.get("WINDOW_TILES", 0.0)
+        cfg["WINDOW_TILES"] = window_cost or cfg["WINDOW_TILES"]
         if heavy_tile and (rank_max > 32 or not rotated_keys):
             cfg["BLOCK_N"] = heavy_tile
     return cfg
