@@ -22,3 +22,17 @@ def test_bench_attention_smoke(tmp_path):
     assert {"sdpa", "paged-fp16", "alrkvd-mixed", "alrkvd-r16", "kivi4"} <= methods
     assert all("error" not in row and row.get("check_ok", True) for row in result["rows"])
     assert result["meta"]["copy_GBps"] > 0 and result["meta"]["torch"] and result["meta"]["triton"]
+
+
+def test_bench_attention_tuning_smoke(tmp_path):
+    # --tune replaces each kernel's default launch with every config of TUNE_SPACE in turn: each must launch
+    spec = importlib.util.spec_from_file_location("bench_attention", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "bench.json"
+    assert bench.main(["--smoke", "--tune", "--out", str(out)]) == 0
+    tuning = json.loads(out.read_text())["meta"]["tuning"]
+    assert set(tuning) == set(bench.TUNE_SPACE)
+    for kernel, report in tuning.items():
+        assert len(report["results"]) == len(bench.TUNE_SPACE[kernel])
+        assert all("us" in r for r in report["results"]), [r for r in report["results"] if "us" not in r]
