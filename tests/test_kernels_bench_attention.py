@@ -11,10 +11,15 @@ from pathlib import Path  # noqa: E402
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_attention.py"
 
 
-def test_bench_attention_smoke(tmp_path):
+def _load_bench():
     spec = importlib.util.spec_from_file_location("bench_attention", SCRIPT)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_bench_attention_smoke(tmp_path):
+    bench = _load_bench()
     out = tmp_path / "bench.json"
     assert bench.main(["--smoke", "--no-tune", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
@@ -26,9 +31,7 @@ def test_bench_attention_smoke(tmp_path):
 
 def test_bench_attention_tuning_smoke(tmp_path):
     # --tune replaces each kernel's default launch with every config of TUNE_SPACE in turn: each must launch
-    spec = importlib.util.spec_from_file_location("bench_attention", SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _load_bench()
     out = tmp_path / "bench.json"
     assert bench.main(["--smoke", "--tune", "--out", str(out)]) == 0
     tuning = json.loads(out.read_text())["meta"]["tuning"]
