@@ -643,9 +643,10 @@ class ALRKVDFormat(KVFormat):
             self._alloc("v_low", (H, T // 8), torch.uint8)                 # bit t of head h: token t is low
         for kv, bits in (("k", o["k_bits"]), ("v", o["v_bits"])):
             # values' codes stored as [H, packed, T]: for the kernel a byte column's tokens are contiguous, as its
-            # value dot (tokens along k) pairs them; keys' as [T, H, packed] (their dot pairs a token's columns)
+            # value dot (tokens along k) pairs them; keys' as [H, T, packed] (their dot pairs a token's columns, and
+            # a head's tokens contiguous read 2-3% faster on the H200 than [T, H, packed]: BENCHMARKS.md section 2s)
             self._alloc(f"{kv}_resid", (T - (n_low if kv == "v" else 0), H, packed_len(D, bits)), torch.uint8,
-                        order=head_major if kv == "v" else None)
+                        order=head_major if kv == "v" else (1, 0, 2))
             if o["scale_bits"] == 8:
                 self._alloc(f"{kv}_rscale", (T, H, G), torch.uint8, order=head_major)
                 self._alloc(f"{kv}_rbase", (H,), torch.float16)

@@ -26,7 +26,7 @@ T, H, D, R, P, Hq = 128, 8, 128, 256, 9, 32
 ints = dict(num_splits=8, stride_qb=Hq * D, stride_qh=D, stride_btb=257, stride_cs=D,
             stride_wn=T * H * D, stride_wt=H * D, stride_wh=D, stride_rkn=16, stride_bn=R * D, stride_br=D,
             stride_bsn=R, stride_ln=T * R, stride_lt=1, stride_lr=T,
-            stride_krn=T * H * 32, stride_krt=H * 32, stride_krh=32, stride_ksn=T * H, stride_kst=1, stride_ksh=T,
+            stride_krn=T * H * 32, stride_krt=32, stride_krh=T * 32, stride_ksn=T * H, stride_kst=1, stride_ksh=T,
             stride_vrn=T * H * 32, stride_vrt=1, stride_vrh=32 * T, stride_vrc=T, stride_vsn=T * H, stride_vst=1, stride_vsh=T,
             stride_mob=Hq * P * D, stride_moh=P * D, stride_mos=D, stride_mlb=Hq * P, stride_mlh=P, stride_ob=Hq * D, stride_oh=D)
 consts = dict(NUM_KV_HEADS=8, GROUP=4, BLOCK_G=4, BLOCK_GN=8, MERGE_CHUNK=32, MIN_TILES=1, ASM=True, HEAD_DIM=128, BLOCK_SIZE=128, BLOCK_S=16, K_BITS=2, V_BITS=2,

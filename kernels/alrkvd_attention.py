@@ -13,8 +13,9 @@ V0..V{H-1}, stream s owning rows [sum(ranks[:s]), sum(ranks[:s+1]))):
     latent [T, R] uint8, stored stream-major ([R, T] in memory: a stream's latents are rows of T
         contiguous bytes) (+ latent_scale, latent_zero [R] fp16),
     {k,v}_resid [T, H, packed(D, bits)] uint8 (backend.kv_formats.pack_bits: run r of the codes, the bits
-        at r * bits of every byte, holds columns r * D/PER .. of the row, PER = 8 // bits); v_resid stored
-        head-major ([H, packed, T]: a byte column's tokens contiguous, as the value dot pairs them),
+        at r * bits of every byte, holds columns r * D/PER .. of the row, PER = 8 // bits); k_resid stored
+        head-major ([H, T, packed]: a head's tokens contiguous), v_resid too, as [H, packed, T] (a byte column's
+        tokens contiguous, as the value dot pairs them),
     {k,v}_rscale and {k,v}_rzero [T, H, 1] fp16, stored head-major ([H, 1, T]: a head's tokens contiguous).
     value(t)          = (latent_t * scale + zero) @ (basis * basis_scale) + codes_t * rscale_t + rzero_t
     rotated key(t)    = (latent_t * scale + zero) @ (basis * basis_scale) + codes_t * rscale_t + rzero_t    (rotated)
