@@ -9,6 +9,8 @@ probe_resid.py:   only the residuals: key residual dots, softmax, value residual
 probe_noblock.py: the whole loop but the per-block basis work: q B^T and the four up-projection operands are built
                   once per program from its first block, as a basis shared by every block of a split would allow.
                   Reads 844 of the 1,100 bytes per token (no basis bytes in the loop).
+probe_unpack.py:  probe_resid without the softmax and the column sums: the residuals' codes loaded, unpacked and multiplied
+                  (key dots, then value dots weighted by the scores times the scales), nothing else.
 probe_resid_r168.py, probe_resid_r128.py, probe_resid_w4.py: probe_resid launched with a register cap of 168 or 128
                   (6 or 8 programs per SM) or with 4 warps (2 per SM) where the kernel takes 2.
 """
@@ -82,6 +84,16 @@ def resid(src: str) -> str:
     return src
 
 
+def unpack(src: str) -> str:
+    src = edit(src, "            p, alpha, m_i, l_r = softmax_update(s * qk_scale, all_n, m_i, l_r, 0, ADD_SUM=False)\n",
+               "            p, alpha = s * qk_scale, tl.full([BLOCK_GN], 1.0, tl.float32)\n")
+    src = edit(src, "            l_r += p_sum\n", "")
+    for name in ("p_sum", "ps_bias", "rz_sum"):
+        start = src.index(f"            {name} = ")
+        src = src[:start] + f"            {name} = 0.0\n" + src[src.index("\n", start) + 1:]
+    return src
+
+
 def launch(src: str, extra: str) -> str:
     return edit(src, '"NUM_WARPS_MANY_PAIRS": 2,', '"NUM_WARPS_MANY_PAIRS": 2, ' + extra + ",")
 
@@ -91,6 +103,7 @@ if __name__ == "__main__":
     out.mkdir(parents=True, exist_ok=True)
     (out / "probe_noblock.py").write_text(noblock(SRC))
     (out / "probe_resid.py").write_text(resid(SRC))
+    (out / "probe_unpack.py").write_text(unpack(resid(SRC)))
     (out / "probe_resid_r168.py").write_text(launch(resid(SRC), '"maxnreg": 168'))
     (out / "probe_resid_r128.py").write_text(launch(resid(SRC), '"maxnreg": 128'))
     (out / "probe_resid_w4.py").write_text(resid(SRC).replace('"NUM_WARPS_MANY_PAIRS": 2,', '"NUM_WARPS_MANY_PAIRS": 4,'))
