@@ -10,9 +10,9 @@ from kernels.* resolve to this tree; kernels older than 2026-12-03's head-major 
 row-major: give them so with --before-values-row-major); `now` is this tree's kernel as it launches;
 `NAME:KEY=INT,...` is this tree's kernel with those keys of `_DEFAULT_STAGE1` replaced (BLOCK_N, num_warps, maxnreg,
 ...), whatever the batch; `NAME@FILE.py` is the kernel of FILE.py with its own launch, like `before` (a candidate
-change, timed against `now` in the same run). A NAME ending in `+kh` reads the keys' residual codes stored head-major
-(`[H, T, packed]` in memory: a head's tokens contiguous) instead of the format's `[T, H, packed]`, through the same
-strides.
+change, timed against `now` in the same run). A NAME ending in `+kt` reads the keys' residual codes copied token-major
+(`[T, H, packed]` in memory, the format's layout before BENCHMARKS.md section 2s) through the same strides, instead
+of head-major (section 2s measured the layouts so, at aa7c67e, with arms that copied them the other way, `+kh`).
 The check against the PyTorch reference runs in the first round where B * L <= --check-tokens.
 """
 from __future__ import annotations
@@ -102,9 +102,9 @@ def main(argv=None) -> int:
             kw["cache"], v_resid=kw["cache"].v_resid.contiguous()))
         before_layers = ([old_layout(kw) if args.before_values_row_major else kw for kw in layers]
                          if before is not None else [])
-        key_codes_head_major = lambda kw: dict(kw, cache=dataclasses.replace(  # noqa: E731
-            kw["cache"], k_resid=kw["cache"].k_resid.transpose(1, 2).contiguous().transpose(1, 2)))
-        kh_layers = [key_codes_head_major(kw) for kw in layers] if any(n.endswith("+kh") for n in arms) else []
+        key_codes_token_major = lambda kw: dict(kw, cache=dataclasses.replace(  # noqa: E731
+            kw["cache"], k_resid=kw["cache"].k_resid.contiguous()))
+        kt_layers = [key_codes_token_major(kw) for kw in layers] if any(n.endswith("+kt") for n in arms) else []
         q = torch.randn(B, Hq, D, device=dev, dtype=torch.float16)
         for rep in (1, 2):
             for name, overrides in arms.items():
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
                 paged._RESIDENT.clear()
                 known = stage1_builds(mod)
                 try:
-                    arm_layers = before_layers if overrides is None else kh_layers if name.endswith("+kh") else layers
+                    arm_layers = before_layers if overrides is None else kt_layers if name.endswith("+kt") else layers
                     checked = rep == 1 and B * L <= args.check_tokens
                     err = ba.check_decode_kernel(mod.alrkvd_decode_attention, now.alrkvd_decode_attention_ref, q,
                                                  scale, **arm_layers[0])[1] if checked else {}
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
                                  bytes=nbytes, resident=resident, builds=builds, **err))
                 print(f"{B:>3} {L:>7} {rep} {name:<14} resident {resident} {us:9.1f} us  vs sdpa {sdpa / us:.2f} "
                       f"{err.get('check_ok', '')} {builds or ''}", flush=True)
-        del layers, before_layers, kh_layers, first
+        del layers, before_layers, kt_layers, first
         torch.cuda.empty_cache()
     now._DEFAULT_STAGE1.clear()
     now._DEFAULT_STAGE1.update(default_cfg)

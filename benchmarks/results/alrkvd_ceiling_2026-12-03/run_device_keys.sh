@@ -1,6 +1,7 @@
-# Device call 3 (from the repository root): the keys' residual codes stored head-major (`+kh` arms of
-# compare_kernels.py: a head's tokens contiguous, 4 KB a tile, instead of 32 bytes every 256), for the kernel as it
-# is and the residuals-only probe; first the check against the reference at B * L <= 32768.
+# Device call 3 (from the repository root, at aa7c67e: the format's keys' codes token-major, and compare_kernels.py's
+# `+kh` arms copying them head-major; later trees store them head-major and have `+kt` arms instead): the keys'
+# residual codes stored head-major (a head's tokens contiguous, 4 KB a tile, instead of 32 bytes every 256), for the
+# kernel as it is and the residuals-only probe; first the check against the reference at B * L <= 32768.
 export PYTHONPATH=. ; D=benchmarks/results/alrkvd_ceiling_2026-12-03
 python $D/make_probes.py $OUT/probes
 P=$OUT/probes
