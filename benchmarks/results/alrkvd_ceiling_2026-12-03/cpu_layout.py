@@ -4,28 +4,41 @@ token-major (the layout before BENCHMARKS.md section 2s) against head-major, alt
 
     PYTHONPATH=. .venv/bin/python benchmarks/results/alrkvd_ceiling_2026-12-03/cpu_layout.py
 """
-import time, torch, json
+import json
+import time
+
+import torch
+
 import backend.kv_formats as kf
-opts = json.loads('{"block_size": 64, "k_bits": 4, "v_bits": 4, "rank_budget": 8, "latent_bits": 4, "basis_bits": 4, "scale_bits": 8}')
-torch.manual_seed(0)
-def bench(order):
-    orig = kf.KVFormat._alloc
-    def alloc(self, name, shape, dtype, order_=None, **kw):
-        if name == "k_resid" and order == "token":
-            order_ = None
-        return orig(self, name, shape, dtype, order_)
-    kf.KVFormat._alloc = lambda self, name, shape, dtype, order=None: alloc(self, name, shape, dtype, order)
-    fmt = kf.make_format("alrkvd", 30, 3, 64, torch.float32, "cpu", num_blocks=40, **opts)
-    kf.KVFormat._alloc = orig
-    print(order, "k_resid strides", fmt.k_resid.stride())
+
+PRESET = json.loads('{"block_size": 64, "k_bits": 4, "v_bits": 4, "rank_budget": 8, "latent_bits": 4, '
+                    '"basis_bits": 4, "scale_bits": 8}')
+STEPS = 30
+
+
+def decode_ms(layout: str) -> float:
+    alloc = kf.KVFormat._alloc
+    if layout == "token":  # the keys' codes allocated in their logical order, [T, H, packed]
+        kf.KVFormat._alloc = lambda self, name, shape, dtype, order=None: alloc(
+            self, name, shape, dtype, None if name == "k_resid" else order)
+    try:
+        fmt = kf.make_format("alrkvd", 30, 3, 64, torch.float32, "cpu", num_blocks=40, **PRESET)
+    finally:
+        kf.KVFormat._alloc = alloc
     for b in range(32):
         fmt.encode(0, b, torch.randn(64, 3, 64), torch.randn(64, 3, 64))
     ids = list(range(32))
-    for _ in range(3): fmt.decode(0, ids)
+    for _ in range(3):
+        fmt.decode(0, ids)
     t = time.perf_counter()
-    for _ in range(30): fmt.decode(0, ids)
-    return (time.perf_counter() - t) / 50 * 1e3
+    for _ in range(STEPS):
+        fmt.decode(0, ids)
+    print(layout, "k_resid strides", fmt.k_resid.stride())
+    return (time.perf_counter() - t) / STEPS * 1e3
+
+
+torch.manual_seed(0)
 torch.set_num_threads(2)
-for rep in range(4):
-    for o in ("token", "head"):
-        print(o, "%.3f ms per decode of 32 blocks" % bench(o))
+for _ in range(4):
+    for layout in ("token", "head"):
+        print(f"{layout}: {decode_ms(layout):.2f} ms per decode of 32 blocks")
