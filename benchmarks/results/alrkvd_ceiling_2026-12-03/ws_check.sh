@@ -9,8 +9,9 @@ sed -i 's/        for t in range(t_start, t_end):/        for t in tl.range(t_st
     $TMP/kernels/alrkvd_attention.py
 grep -c "warp_specialize=True" $TMP/kernels/alrkvd_attention.py
 for w in 2 4; do
-  (cd $TMP && PYTHONPATH=$TMP $PY $ROOT/benchmarks/sass_count.py kernels.alrkvd_attention \
-      _alrkvd_decode_stage1 "dict(ROTATED_KEYS=True, num_warps=$w, WINDOW_N=64)" > /dev/null 2>&1
-   echo "num_warps=$w: $(grep -c 'ttg.warp_specialize' last.ttgir || true) ttg.warp_specialize ops")
+  (cd $TMP && rm -f last.ttgir && rc=0 && PYTHONPATH=$TMP $PY $ROOT/benchmarks/sass_count.py kernels.alrkvd_attention \
+      _alrkvd_decode_stage1 "dict(ROTATED_KEYS=True, num_warps=$w, WINDOW_N=64)" > log 2>&1 || rc=$?
+   [ $rc = 0 ] || { echo "num_warps=$w: the compile failed (exit $rc):"; tail -3 log; }
+   [ -f last.ttgir ] && echo "num_warps=$w: $(grep -c 'ttg.warp_specialize' last.ttgir || true) ttg.warp_specialize ops")
 done
 rm -r $TMP
