@@ -54,6 +54,12 @@ def stage1_builds(mod) -> set:
     return builds
 
 
+def row_major(kw: dict, name: str) -> dict:
+    """Kernel inputs `kw` with the cache's tensor `name` copied to its logical order (row-major in memory): the same
+    codes, another layout, read through the same strides."""
+    return dict(kw, cache=dataclasses.replace(kw["cache"], **{name: getattr(kw["cache"], name).contiguous()}))
+
+
 def parse_arm(text: str) -> tuple[str, dict | str | None]:
     """'before' -> (before, None); 'now' -> (now, {}); 'n64:BLOCK_N=64,num_warps=2' -> (n64, {...});
     'try@TRY.py' -> (try, 'TRY.py')."""
@@ -96,15 +102,11 @@ def main(argv=None) -> int:
         make = lambda: ba.make_alrkvd(B, L, H, D, T, *ba.VARIANTS[args.variant], dev, gen)  # noqa: E731
         first, nbytes = make()
         layers = [first] + [make()[0] for _ in range(ba.num_copies(nbytes, dev) - 1)]
-        # kernels before the values' codes were stored token-contiguous (2026-12-03) read them row-major: the
-        # same codes, copied so (a no-op for the layouts they had)
-        old_layout = lambda kw: dict(kw, cache=dataclasses.replace(  # noqa: E731
-            kw["cache"], v_resid=kw["cache"].v_resid.contiguous()))
-        before_layers = ([old_layout(kw) if args.before_values_row_major else kw for kw in layers]
+        # kernels before the values' codes were stored token-contiguous (2026-12-03) read them row-major (a no-op
+        # for the layouts they had); `+kt` arms read the keys' codes token-major
+        before_layers = ([row_major(kw, "v_resid") if args.before_values_row_major else kw for kw in layers]
                          if before is not None else [])
-        key_codes_token_major = lambda kw: dict(kw, cache=dataclasses.replace(  # noqa: E731
-            kw["cache"], k_resid=kw["cache"].k_resid.contiguous()))
-        kt_layers = [key_codes_token_major(kw) for kw in layers] if any(n.endswith("+kt") for n in arms) else []
+        kt_layers = [row_major(kw, "k_resid") for kw in layers] if any(n.endswith("+kt") for n in arms) else []
         q = torch.randn(B, Hq, D, device=dev, dtype=torch.float16)
         for rep in (1, 2):
             for name, overrides in arms.items():
