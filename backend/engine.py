@@ -27,7 +27,11 @@ from backend.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 class QueueFullError(RuntimeError):
-    """The waiting queue is at `max_queue_size`: retry later (HTTP 503 / UNAVAILABLE)."""
+    """The engine holds `max_num_seqs + max_queue_size` requests: retry later (HTTP 503 / UNAVAILABLE)."""
+
+
+class RequestFailedError(RuntimeError):
+    """This request failed inside the engine (its sampling, or the step that carried it); others go on."""
 
 
 @dataclass
@@ -44,7 +48,7 @@ class EngineArgs:
     max_model_len: int | None = None   # defaults to the model's context length
     max_num_seqs: int = 16             # running sequences
     max_num_batched_tokens: int = 512  # tokens per step (decode + prefill chunks)
-    max_queue_size: int = 256          # waiting requests before QueueFullError
+    max_queue_size: int = 256          # waiting requests (beyond max_num_seqs running) before QueueFullError
     scheduling_policy: str = "fcfs"    # "fcfs" or "priority" (lower value first)
     attention_backend: str = "auto"    # "auto": Triton decode kernels on CUDA; "torch": reference path
     kv_compress_stream: bool = False   # CUDA: compress the blocks decode steps fill on a side stream (no
@@ -67,6 +71,7 @@ class RequestOutput:
     finish_reason: str | None
     num_prompt_tokens: int
     num_output_tokens: int
+    error: str | None = None           # set when finish_reason is "error"
 
 
 class Sequence:
@@ -113,6 +118,7 @@ class LLMEngine:
         self.requests: dict[str, Sequence] = {}
         self.ids = itertools.count()
         self.num_preemptions = 0
+        self.scheduled: list[Sequence] = []  # the sequences of the step under way
         self.reset_cache(args.kv_format, args.kv_options, args.kv_budget_bytes, args.max_num_seqs)
 
     def reset_cache(self, kv_format: str, kv_options: dict, budget_bytes: int, max_num_seqs: int):
@@ -228,7 +234,9 @@ class LLMEngine:
             return self._step()
 
     def _step(self) -> list[RequestOutput]:
+        self.scheduled = []
         scheduled = self.schedule()
+        self.scheduled = [seq for seq, _ in scheduled]
         if not scheduled:
             return []
         device = self.args.device
@@ -250,7 +258,22 @@ class LLMEngine:
             return []
         logits = self.model.logits(hidden[[i for _, i in ready]])
         new_ids = sample(logits, [s.params for s, _ in ready], [s.generator for s, _ in ready])
-        return [self._append(seq, tok) for (seq, _), tok in zip(ready, new_ids)]
+        return [self._fail(seq, f"sampling failed: {tok!r}") if isinstance(tok, Exception) else self._append(seq, tok)
+                for (seq, _), tok in zip(ready, new_ids)]
+
+    def fail_step(self, error: Exception) -> list[RequestOutput]:
+        """The step under way raised: fail the requests it carried (their KV may be half written) and
+        keep the others, which wait and run in later steps."""
+        # a failure before the step's plan existed cannot be attributed: it fails every request
+        failed = [seq for seq in self.scheduled or self.running + self.waiting if seq.request_id in self.requests]
+        self.scheduled = []
+        return [self._fail(seq, f"engine step failed: {error!r}") for seq in failed]
+
+    def _fail(self, seq: Sequence, error: str) -> RequestOutput:
+        seq.finish_reason = "error"
+        out = self._finish(seq)
+        out.error = error
+        return out
 
     def _append(self, seq: Sequence, token: int) -> RequestOutput:
         seq.output_ids.append(token)
@@ -350,7 +373,8 @@ class AsyncEngine:
         self.wakeup = threading.Event()
         self.streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self.lock = threading.Lock()
-        self.pending = 0  # requests in the inbox, not yet seen by the engine thread
+        # every accepted request until its stream ends: running, waiting, or still in the inbox
+        self.capacity = args.max_num_seqs + args.max_queue_size
         self._stats = self.engine.stats()
         self.stopped = False
         self.thread = threading.Thread(target=self._run, name="alrkvd-engine", daemon=True)
@@ -365,12 +389,12 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         with self.lock:
-            if len(self.engine.waiting) + self.pending >= self.args.max_queue_size:
-                raise QueueFullError(f"request queue is full ({self.args.max_queue_size} waiting)")
+            if len(self.streams) >= self.capacity:
+                raise QueueFullError(f"request queue is full ({self.args.max_num_seqs} running, "
+                                     f"{self.args.max_queue_size} waiting)")
             if request_id in self.streams:
                 raise ValueError(f"request id {request_id!r} is already running")
             self.streams[request_id] = (loop, q)
-            self.pending += 1
         # validation errors of add_request come back through the stream, before any output
         self.inbox.put(("add", (prompt, params, request_id, priority, prompt_ids)))
         self.wakeup.set()
@@ -381,6 +405,9 @@ class AsyncEngine:
                 if isinstance(out, BaseException):
                     finished = True
                     raise out
+                if out.error is not None:
+                    finished = True
+                    raise RequestFailedError(out.error)
                 finished = out.finished
                 yield out
                 if finished:
@@ -419,8 +446,6 @@ class AsyncEngine:
                 return
             if kind == "add":
                 prompt, params, request_id, priority, prompt_ids = payload
-                with self.lock:
-                    self.pending -= 1
                 if request_id not in self.streams:  # aborted before it got here
                     continue
                 try:
@@ -442,11 +467,8 @@ class AsyncEngine:
                 continue
             try:
                 outputs = self.engine.step()
-            except Exception as e:  # fail the running requests, keep serving
-                for seq in list(self.engine.running) + list(self.engine.waiting):
-                    self.engine.abort(seq.request_id)
-                    self._send(seq.request_id, RuntimeError(f"engine step failed: {e!r}"))
-                continue
+            except Exception as e:  # fail the requests of this step, keep serving the rest
+                outputs = self.engine.fail_step(e)
             for out in outputs:
                 self._send(out.request_id, out)
             self._stats = self.engine.stats()

@@ -6,12 +6,14 @@ from dataclasses import dataclass, field, fields
 import torch
 
 MAX_STOP_STRINGS = 16
+# Temperatures below this sample greedily: dividing logits by 1e-300 overflows to inf/NaN (vLLM's rule too).
+GREEDY_TEMPERATURE = 1e-5
 
 
 @dataclass
 class SamplingParams:
     max_tokens: int = 16
-    temperature: float = 1.0   # 0 means greedy
+    temperature: float = 1.0   # 0 (or below GREEDY_TEMPERATURE) means greedy
     top_p: float = 1.0
     top_k: int = 0             # 0 or -1: no top-k
     seed: int | None = None
@@ -64,27 +66,35 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_TEMPERATURE
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
-    """One token per row of logits [B, V]; greedy rows take the argmax."""
+def sample(logits: torch.Tensor, params: list[SamplingParams],
+           generators: list[torch.Generator | None]) -> list[int | Exception]:
+    """One token per row of logits [B, V]; greedy rows take the argmax. A row whose sampling fails
+    gets its exception in place of a token, so one request's failure is that request's alone."""
     if all(p.greedy for p in params):  # one device sync for the whole batch
         return logits.argmax(-1).tolist()
-    out = []
+    out: list[int | Exception] = []
     for row, p, gen in zip(logits, params, generators):
-        if p.greedy:
-            out.append(int(row.argmax()))
-            continue
-        row = row.float() / p.temperature
-        if p.top_k > 0:
-            kth = torch.topk(row, min(p.top_k, row.numel())).values[-1]
-            row = row.masked_fill(row < kth, float("-inf"))
-        probs = torch.softmax(row, -1)
-        if p.top_p < 1:
-            sorted_probs, idx = probs.sort(descending=True)
-            # keep the smallest prefix whose mass reaches top_p (always at least one token)
-            drop = sorted_probs.cumsum(-1) - sorted_probs >= p.top_p
-            probs = probs.scatter(0, idx, sorted_probs.masked_fill(drop, 0))
-        out.append(int(torch.multinomial(probs, 1, generator=gen)))
+        try:
+            out.append(int(row.argmax()) if p.greedy else _sample_row(row, p, gen))
+        except Exception as e:  # noqa: BLE001 - reported to that request
+            out.append(e)
     return out
+
+
+def _sample_row(row: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
+    row = row.float() / p.temperature
+    if p.top_k > 0:
+        kth = torch.topk(row, min(p.top_k, row.numel())).values[-1]
+        row = row.masked_fill(row < kth, float("-inf"))
+    probs = torch.softmax(row, -1)
+    if p.top_p < 1:
+        sorted_probs, idx = probs.sort(descending=True)
+        # keep the smallest prefix whose mass reaches top_p, and always the most likely token
+        # (a top_p that rounds to 0 in float32 would otherwise drop them all)
+        drop = sorted_probs.cumsum(-1) - sorted_probs >= p.top_p
+        drop[0] = False
+        probs = probs.scatter(0, idx, sorted_probs.masked_fill(drop, 0))
+    return int(torch.multinomial(probs, 1, generator=gen))

@@ -179,6 +179,30 @@ def test_eight_concurrent_streams_complete(triton_server):
         assert r.text
 
 
+def test_extreme_sampling_values_fail_nobody(triton_server):
+    """temperature=1e-300 and top_p=5e-324 passed validation and then failed the sampler, which
+    failed every request of the step: they now decode like greedy, beside four normal streams."""
+    results, errors = {}, []
+    extreme = {"t": {"temperature": 1e-300, "ignore_eos": True}, "p": {"top_p": 5e-324, "ignore_eos": True}}
+    cases = {**extreme, **{i: GREEDY for i in range(4)}}
+
+    def run(key):
+        try:
+            results[key] = complete(PROMPT, url=triton_server.grpc_url, model=triton_server.model,
+                                    max_tokens=16, **cases[key])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append((key, e))
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in cases]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not errors, errors
+    assert sorted(map(str, results)) == sorted(map(str, cases))
+    assert all(r.finish_reason == "length" and r.num_output_tokens == 16 and r.text for r in results.values())
+
+
 def test_dummy_moe_model_serves(triton_server):
     if "qwen3moe_dummy" not in triton_server.models:
         pytest.skip("qwen3moe_dummy not loaded (ALRKVD_TEST_MODELS)")

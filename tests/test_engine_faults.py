@@ -1,0 +1,125 @@
+"""One request's fault stays that request's: extreme sampling values, a failing sampler, a failing
+step; and the admission bound (running + waiting) holds under a burst."""
+import asyncio
+
+import pytest
+import torch
+
+from backend.engine import AsyncEngine, EngineArgs, LLMEngine, QueueFullError, RequestFailedError
+from backend.sampling import SamplingParams
+
+PROMPTS = ["The capital of France is", "Once upon a time", "def add(a, b):", "Water boils at"]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return LLMEngine(EngineArgs(model="default", kv_format="full", max_num_seqs=8))
+
+
+def run(engine, requests, before_steps=lambda: None):
+    """requests: {id: (prompt, params)} -> {id: final RequestOutput}, all added before the first step."""
+    for rid, (prompt, params) in requests.items():
+        engine.add_request(prompt, params, request_id=rid)
+    before_steps()
+    final = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                final[out.request_id] = out
+    assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
+    return final
+
+
+def greedy(n=8):
+    return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+
+
+def test_extreme_sampling_values_run_beside_others(engine):
+    """temperature=1e-300 overflowed the sampler and top_p=5e-324 rounds to 0 in float32: both failed
+    every request of the step. Now the first samples greedily, the second keeps the top token."""
+    reference = run(engine, {p: (p, greedy()) for p in PROMPTS})
+    extreme = {"t": (PROMPTS[0], SamplingParams(max_tokens=8, temperature=1e-300, ignore_eos=True)),
+               "p": (PROMPTS[1], SamplingParams(max_tokens=8, top_p=5e-324, ignore_eos=True, seed=1)),
+               "tp": (PROMPTS[2], SamplingParams(max_tokens=8, temperature=1e-8, top_p=1e-300, ignore_eos=True))}
+    final = run(engine, {**extreme, "other": (PROMPTS[3], greedy())})
+    assert all(out.finish_reason == "length" and out.error is None for out in final.values())
+    assert final["t"].token_ids == reference[PROMPTS[0]].token_ids
+    assert final["p"].token_ids == reference[PROMPTS[1]].token_ids
+    assert final["tp"].token_ids == reference[PROMPTS[2]].token_ids
+    assert final["other"].token_ids == reference[PROMPTS[3]].token_ids
+
+
+def test_a_request_whose_sampling_fails_fails_alone(engine):
+    reference = run(engine, {p: (p, greedy()) for p in PROMPTS[1:]})
+    broken = SamplingParams(max_tokens=8, temperature=0.7, seed=3)
+
+    def break_it():  # past validation: its sampling raises in the step
+        broken.top_k = "not a number"
+
+    final = run(engine, {"broken": (PROMPTS[0], broken), **{p: (p, greedy()) for p in PROMPTS[1:]}}, break_it)
+    assert final["broken"].finish_reason == "error" and "sampling failed" in final["broken"].error
+    for p in PROMPTS[1:]:
+        assert final[p].error is None and final[p].token_ids == reference[p].token_ids
+
+
+def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(engine, monkeypatch):
+    reference = run(engine, {p: (p, greedy()) for p in PROMPTS[:2]})
+    engine.add_request(PROMPTS[0], greedy(), request_id="in-step")
+    engine.step()  # prefill: "in-step" now decodes
+    calls = {"n": 0}
+    forward = engine.model.forward
+
+    def fail_once(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected fault")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine.model, "forward", fail_once)
+    with pytest.raises(RuntimeError, match="injected fault"):
+        engine.step()
+    [failed] = engine.fail_step(RuntimeError("injected fault"))
+    assert failed.request_id == "in-step" and failed.finish_reason == "error" and "injected fault" in failed.error
+    assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
+    final = run(engine, {"after": (PROMPTS[1], greedy())})
+    assert final["after"].token_ids == reference[PROMPTS[1]].token_ids
+
+
+def test_async_engine_fails_the_step_requests_only_and_admits_running_plus_waiting(monkeypatch):
+    """Capacity is max_num_seqs running + max_queue_size waiting, counted from the moment a request
+    is accepted (it was short by the requests still in the engine thread's inbox)."""
+    engine = AsyncEngine(EngineArgs(model="default", kv_format="full", max_num_seqs=2, max_queue_size=3))
+
+    async def consume(rid, params):
+        try:
+            return [out async for out in engine.generate(PROMPTS[0], params, rid)][-1]
+        except (QueueFullError, RequestFailedError) as e:
+            return e
+
+    async def burst():
+        return await asyncio.gather(*(consume(f"r{i}", SamplingParams(max_tokens=4, temperature=0))
+                                      for i in range(10)))
+
+    try:
+        results = asyncio.run(burst())
+        assert sum(isinstance(r, QueueFullError) for r in results) == 5
+        assert sum(not isinstance(r, Exception) and r.finish_reason == "length" for r in results) == 5
+
+        forward = engine.engine.model.forward
+        failing = {"on": True}
+
+        def fail_while_on(*args, **kwargs):
+            if failing["on"]:
+                failing["on"] = False
+                raise RuntimeError("injected fault")
+            return forward(*args, **kwargs)
+
+        monkeypatch.setattr(engine.engine.model, "forward", fail_while_on)
+        first = asyncio.run(consume("a", SamplingParams(max_tokens=4, temperature=0)))
+        assert isinstance(first, RequestFailedError) and "injected fault" in str(first)
+        after = asyncio.run(consume("b", SamplingParams(max_tokens=4, temperature=0)))
+        assert after.finish_reason == "length"
+        stats = engine.engine.cache.allocator
+        assert stats.num_free == stats.num_blocks
+    finally:
+        engine.shutdown()
