@@ -22,7 +22,7 @@ from backend.cuda_graphs import DecodeGraphs
 from backend.kv_cache import AttentionBatch, PagedKVCache, SeqKV
 from backend.kv_formats import FORMATS
 from backend.loader import load_model
-from backend.sampling import SamplingParams, sample
+from backend.sampling import RequestLimits, SamplingParams, sample
 from backend.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
@@ -46,6 +46,7 @@ class EngineArgs:
     kv_options: dict = field(default_factory=dict)
     kv_budget_bytes: int = 256 << 20
     max_model_len: int | None = None   # defaults to the model's context length
+    max_output_tokens: int | None = None  # a request's max_tokens at most this; None: max_model_len - 1
     max_num_seqs: int = 16             # running sequences
     max_num_batched_tokens: int = 512  # tokens per step (decode + prefill chunks)
     max_queue_size: int = 256          # waiting requests (beyond max_num_seqs running) before QueueFullError
@@ -156,12 +157,18 @@ class LLMEngine:
         blocks = -(-(len(ids) + 1) // self.cache.block_size)
         if blocks > self.cache.allocator.num_blocks:
             raise ValueError(f"prompt needs {blocks} KV blocks; the cache holds {self.cache.allocator.num_blocks}")
-        params.validate(self.cfg.vocab_size)
+        params.validate(self.limits)
         seq = Sequence(request_id, ids, params, IncrementalDetokenizer(self.tokenizer, ids) if self.tokenizer else None, priority,
                        self.max_model_len)
         self.requests[request_id] = seq
         self.waiting.append(seq)
         return request_id
+
+    @property
+    def limits(self) -> RequestLimits:
+        out = self.max_model_len - 1
+        return RequestLimits(self.max_model_len, self.cfg.vocab_size,
+                             min(out, self.args.max_output_tokens) if self.args.max_output_tokens else out)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         seq = self.requests.get(request_id)
@@ -383,6 +390,10 @@ class AsyncEngine:
     @property
     def tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
+
+    @property
+    def limits(self) -> RequestLimits:
+        return self.engine.limits
 
     async def generate(self, prompt, params: SamplingParams, request_id: str, priority: int = 0):
         prompt_ids = self.engine.tokenize(prompt)  # ValueError before anything is queued

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None):
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos)
-        params.validate(engine.cfg.vocab_size)
+        params.validate(engine.limits)
         prompts = [[{"role": "user", "content": p}] if args.chat else p for p in args.prompt]
         outputs = engine.generate(prompts, params)
     except ValueError as e:

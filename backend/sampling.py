@@ -10,6 +10,14 @@ MAX_STOP_STRINGS = 16
 GREEDY_TEMPERATURE = 1e-5
 
 
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may ask of an engine (`LLMEngine.limits`): checked by `SamplingParams.validate`."""
+    max_model_len: int       # prompt + output tokens
+    vocab_size: int          # bounds top_k and stop_token_ids
+    max_output_tokens: int   # bounds max_tokens
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int = 16
@@ -22,17 +30,20 @@ class SamplingParams:
     ignore_eos: bool = False
 
     @classmethod
-    def from_dict(cls, d: dict, vocab_size: int | None = None) -> "SamplingParams":
+    def from_dict(cls, d: dict, limits: RequestLimits | None = None) -> "SamplingParams":
         """Build from JSON-like input; ValueError names the offending key and value."""
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
             raise ValueError(f"unknown sampling parameter(s) {unknown}; allowed: {sorted(names)}")
         p = cls(**{k: v for k, v in d.items()})
-        p.validate(vocab_size)
+        p.validate(limits)
         return p
 
-    def validate(self, vocab_size: int | None = None):
+    def validate(self, limits: RequestLimits | None = None):
+        """Every check of a request's sampling parameters, against an engine's limits when given."""
+        vocab_size = limits.vocab_size if limits else None
+
         def bad(key, why):
             raise ValueError(f"sampling parameter {key!r}={getattr(self, key)!r}: {why}")
 
@@ -44,6 +55,9 @@ class SamplingParams:
 
         if not is_int(self.max_tokens) or not 1 <= self.max_tokens <= 1 << 20:
             bad("max_tokens", "must be an integer >= 1")
+        if limits and self.max_tokens > limits.max_output_tokens:
+            bad("max_tokens", f"this model generates at most {limits.max_output_tokens} tokens per request "
+                              f"(max_model_len {limits.max_model_len})")
         if not is_num(self.temperature) or not 0 <= self.temperature <= 100:
             bad("temperature", "must be a number in [0, 100]")
         if not is_num(self.top_p) or not 0 < self.top_p <= 1:

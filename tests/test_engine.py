@@ -153,6 +153,14 @@ def test_bad_requests(smollm):
         SamplingParams.from_dict({"max_token": 3})
     with pytest.raises(ValueError, match="at most"):
         smollm.add_request("hi " * 9000, SamplingParams())
+    limits = smollm.limits  # what the Triton model validates requests against, once
+    assert (limits.max_model_len, limits.max_output_tokens, limits.vocab_size) == (8192, 8191, 49152)
+    with pytest.raises(ValueError, match="at most 8191 tokens"):
+        SamplingParams.from_dict({"max_tokens": 8192}, limits)
+    with pytest.raises(ValueError, match="at most 8191 tokens"):
+        smollm.add_request("hi", SamplingParams(max_tokens=8192))
+    with pytest.raises(ValueError, match="top_k"):
+        SamplingParams.from_dict({"top_k": limits.vocab_size + 1}, limits)
 
 
 def test_decode_fast_path_glue(smollm):

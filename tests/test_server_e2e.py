@@ -229,7 +229,7 @@ def test_cancelled_stream_frees_kv_blocks(triton_server, protocol):
     url = triton_server.grpc_url if protocol == "grpc" else triton_server.http_url
     before = scrape(triton_server)
     cancelled0 = metric(before, "alrkvd:request_success_total", model, finished_reason="cancelled")
-    gen = stream(PROMPT, url=url, protocol=protocol, model=model, max_tokens=1000, **GREEDY)
+    gen = stream(PROMPT, url=url, protocol=protocol, model=model, max_tokens=500, **GREEDY)
     for i, _ in enumerate(gen):
         if i == 3:
             break
@@ -256,6 +256,7 @@ BAD_PARAMETERS = [
     ({"temperature": "hot"}, "temperature"),
     ({"max_tokens": -3}, "max_tokens"),
     ({"max_tokens": 10**9}, "max_tokens"),
+    ({"max_tokens": 513}, "at most 512 tokens"),  # the config's max_output_tokens
     ({"top_p": 0}, "top_p"),
     ({"top_k": 10**7}, "top_k"),
     ({"seed": -1}, "seed"),

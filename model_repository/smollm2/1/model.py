@@ -92,9 +92,6 @@ class TritonPythonModel:
 
             torch.set_num_threads(threads)
         self.engine = self.engine_mod.AsyncEngine(self.engine_args)  # loads weights, starts its thread
-        inner = getattr(self.engine, "engine", None)
-        self.vocab_size = getattr(getattr(inner, "cfg", None), "vocab_size", None)
-        self.max_model_len = getattr(inner, "max_model_len", None)
 
     def _setup_metrics(self):
         labels = {"model": self.args["model_name"], "version": self.args["model_version"]}
@@ -126,8 +123,7 @@ class TritonPythonModel:
             try:
                 if self._stopping:
                     raise unavailable("the model is shutting down")
-                req = GenerateRequest.parse(request, self.engine_mod.SamplingParams,
-                                            self.vocab_size, self.max_model_len)
+                req = GenerateRequest.parse(request, self.engine_mod.SamplingParams, self.engine.limits)
             except RequestError as e:
                 self._refuse(request, e)
                 continue

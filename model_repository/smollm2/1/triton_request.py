@@ -83,7 +83,7 @@ def _coerce(key: str, value, annotation: str):
     return value
 
 
-def parse_sampling(raw: dict, sampling_cls, vocab_size: int | None, max_model_len: int | None):
+def parse_sampling(raw: dict, sampling_cls, limits=None):
     """Dict from the request -> (SamplingParams, priority); RequestError on bad keys/values."""
     raw = {k: v for k, v in raw.items() if not k.startswith(RESERVED_PARAMETER_PREFIX)}
     priority = raw.pop(PRIORITY_KEY, 0)
@@ -94,12 +94,9 @@ def parse_sampling(raw: dict, sampling_cls, vocab_size: int | None, max_model_le
     annotations = {f.name: str(f.type) for f in fields(sampling_cls)}
     values = {k: _coerce(k, v, annotations[k]) if k in annotations else v for k, v in raw.items()}
     try:
-        params = sampling_cls.from_dict(values, vocab_size=vocab_size)
+        params = sampling_cls.from_dict(values, limits)
     except (ValueError, TypeError) as e:
         raise invalid(str(e)) from None
-    if max_model_len and params.max_tokens >= max_model_len:
-        raise invalid(f"sampling parameter 'max_tokens'={params.max_tokens}: this model generates "
-                      f"at most {max_model_len - 1} tokens (max_model_len {max_model_len})")
     return params, priority
 
 
@@ -156,8 +153,9 @@ class GenerateRequest:
     cancelled: bool = False
 
     @classmethod
-    def parse(cls, request, sampling_cls, vocab_size=None, max_model_len=None) -> "GenerateRequest":
-        """Read and check every input; raises RequestError (INVALID_ARG) naming the problem."""
+    def parse(cls, request, sampling_cls, limits=None) -> "GenerateRequest":
+        """`limits`: the engine's `RequestLimits`, so a request is validated once, here."""
+        # Read and check every input; raises RequestError (INVALID_ARG) naming the problem.
         text = _string_input(request, "text_input")
         if text is None:
             raise invalid("input 'text_input' is required")
@@ -190,7 +188,7 @@ class GenerateRequest:
             if not isinstance(from_input, dict):
                 raise invalid("input 'sampling_parameters' must be a JSON object")
             raw.update(from_input)  # the input tensor wins over request parameters
-        params, priority = parse_sampling(raw, sampling_cls, vocab_size, max_model_len)
+        params, priority = parse_sampling(raw, sampling_cls, limits)
 
         triton_id = request.request_id() or (str(generate_id) if generate_id is not None else "req")
         return cls(
