@@ -21,6 +21,7 @@ import torch
 from backend.cuda_graphs import DecodeGraphs
 from backend.kv_cache import AttentionBatch, PagedKVCache, SeqKV
 from backend.kv_formats import FORMATS
+from backend.kv_presets import PRESETS, resolve_kv
 from backend.loader import load_model
 from backend.sampling import RequestLimits, SamplingParams, sample
 from backend.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -42,7 +43,7 @@ class EngineArgs:
     device: str = "cpu"
     dtype: str = "auto"                # float32 on CPU, bfloat16 on CUDA
     weight_dtype: str = "auto"         # "float16" (CPU): linear weights in fp16, half the bytes per step
-    kv_format: str = "fp16"
+    kv_format: str = "fp16"            # a format (backend/kv_formats.py) or a preset (backend/kv_presets.py)
     kv_options: dict = field(default_factory=dict)
     kv_budget_bytes: int = 256 << 20
     max_model_len: int | None = None   # defaults to the model's context length
@@ -99,8 +100,9 @@ class Sequence:
 
 class LLMEngine:
     def __init__(self, args: EngineArgs):
-        if args.kv_format not in FORMATS:  # fail before the (slow) model load
-            raise ValueError(f"unknown kv format {args.kv_format!r}; choose from {sorted(FORMATS)}")
+        if args.kv_format not in FORMATS and args.kv_format not in PRESETS:  # fail before the (slow) model load
+            raise ValueError(f"unknown kv format {args.kv_format!r}; choose a format {sorted(FORMATS)} "
+                             f"or a preset {sorted(PRESETS)}")
         if args.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', not {args.scheduling_policy!r}")
         self.args = args
@@ -123,11 +125,12 @@ class LLMEngine:
         self.reset_cache(args.kv_format, args.kv_options, args.kv_budget_bytes, args.max_num_seqs)
 
     def reset_cache(self, kv_format: str, kv_options: dict, budget_bytes: int, max_num_seqs: int):
-        """A new, empty paged cache of another format or size (the quality harness swaps formats so)."""
+        """A new, empty paged cache of another format (or preset) or size (the quality harness swaps formats so)."""
         if self.has_unfinished():
             raise RuntimeError("cannot replace the KV cache while requests are running")
         a = self.args
-        a.kv_format, a.kv_options, a.kv_budget_bytes = kv_format, dict(kv_options), budget_bytes
+        kv_format, kv_options = resolve_kv(kv_format, kv_options)
+        a.kv_format, a.kv_options, a.kv_budget_bytes = kv_format, kv_options, budget_bytes
         self.cache = None  # free the old pool before allocating the new one
         self.cache = PagedKVCache(self.cfg, self.model.rotary, kv_format, a.kv_options, budget_bytes, max_num_seqs,
                                   self.model.embed_tokens.weight.dtype, a.device, a.attention_backend,

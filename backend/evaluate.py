@@ -32,6 +32,8 @@ import time
 
 import torch
 
+from backend.kv_presets import PRESETS, resolve_kv
+
 DEFAULT_TEXT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                             "data", "wikitext-2-raw", "wiki.test.raw")
 
@@ -128,7 +130,7 @@ def set_cache(eng, kv_format: str, options: dict, context: int, num_seqs: int = 
 
 def build_engine(args, context: int, num_seqs: int = 1):
     eng = load_engine(args, num_seqs)
-    return set_cache(eng, args.kv, parse_kv_opts(args.kv_opt), context, num_seqs)
+    return set_cache(eng, *resolve_kv(args.kv, parse_kv_opts(args.kv_opt)), context, num_seqs)
 
 
 def _options(cache) -> dict:
@@ -138,7 +140,8 @@ def _options(cache) -> dict:
 
 
 def _describe(eng, args) -> dict:
-    return {"kv": eng.cache.kv_format, "kv_options": _options(eng.cache),
+    return {"kv": eng.cache.kv_format, "preset": args.kv if args.kv in PRESETS else None,
+            "kv_options": _options(eng.cache),
             "model": args.model, "dtype": str(eng.cache.dtype).replace("torch.", "")}
 
 
@@ -216,7 +219,8 @@ def cmd_perplexity(args) -> dict:
     eng = build_engine(args, args.context)
     ids = load_text_ids(eng, args.text, args.max_tokens)
     res = perplexity(eng, ids, args.context, args.chunk, args.verbose)
-    res.update(model=args.model, text=os.path.basename(args.text), seconds=round(time.time() - t0, 1))
+    res.update(preset=args.kv if args.kv in PRESETS else None, model=args.model, text=os.path.basename(args.text),
+               seconds=round(time.time() - t0, 1))
     return res
 
 
@@ -287,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     def common(sp):
-        sp.add_argument("--kv", default="fp16", help="KV format: full (model dtype), fp16 (16-bit), int8, kivi2/3/4, alrkvd")
+        sp.add_argument("--kv", default="fp16", help="KV format (full, fp16, int8, kivi2/3/4, alrkvd) or preset "
+                        f"({', '.join(PRESETS)})")
         sp.add_argument("--kv-opt", action="append", default=[], metavar="KEY=VALUE",
                         help="format option (repeatable), e.g. block_size=128, k_bits=2")
         sp.add_argument("--model", default="default", help="'default' (SmolLM2-135M GGUF), a .gguf or a HF folder")
@@ -316,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             print(json.dumps(res))
         else:
-            print(f"{res['kv']} {res['kv_options']}: ppl {res['ppl']:.4f} over {res['tokens']} tokens, "
+            print(f"{res['preset'] + ': ' if res['preset'] else ''}{res['kv']} {res['kv_options']}: ppl {res['ppl']:.4f} over {res['tokens']} tokens, "
                   f"{res['kv_bytes_per_token']:.1f} B/token (baseline {res['baseline_bytes_per_token']}), "
                   f"compression {res['compression']:.2f}x")
     else:

@@ -10,6 +10,7 @@ import json
 import sys
 
 from backend.engine import EngineArgs, LLMEngine
+from backend.kv_presets import PRESETS
 from backend.sampling import SamplingParams
 
 
@@ -33,7 +34,8 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--seed", type=int)
     ap.add_argument("--ignore-eos", action="store_true")
-    ap.add_argument("--kv", default="fp16", help="KV format: full, fp16, int8, kivi2/3/4, alrkvd")
+    ap.add_argument("--kv", default="fp16", help=f"KV format (full, fp16, int8, kivi2/3/4, alrkvd) or preset "
+                                                 f"({', '.join(PRESETS)})")
     ap.add_argument("--kv-opt", action="append", default=[], metavar="KEY=VALUE", help="KV format option")
     ap.add_argument("--kv-budget-bytes", type=int, default=256 << 20)
     ap.add_argument("--model", default="default", help="'default' (SmolLM2), a .gguf file or a HF folder")
