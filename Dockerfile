@@ -19,6 +19,7 @@ RUN python3 -m pip install -r requirements.txt \
 
 COPY backend backend
 COPY kernels kernels
+COPY server server
 COPY client client
 COPY loadtest loadtest
 COPY model_repository model_repository

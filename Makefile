@@ -31,7 +31,7 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $(STAMP)
 
 serve: setup
-	$(PY) -m backend.serve $(if $(GPU),--gpu) $(SERVE_ARGS)
+	$(VENV)/bin/alrkvd-serve $(if $(GPU),--gpu) $(SERVE_ARGS)
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -45,4 +45,4 @@ clean-venv:
 
 # Inter-token latency through Triton (gRPC, HTTP) vs the engine's own step time, on this machine.
 bench-triton: setup
-	$(PY) -m client.bench_itl --start-server --out reports/bench_itl.json $(BENCH_ARGS)
+	$(PY) -m benchmarks.bench_itl --start-server --out reports/bench_itl.json $(BENCH_ARGS)

@@ -19,7 +19,7 @@ both sides are CPU tensors and copies are synchronous.
 
 Compute: on CUDA the fused Triton kernel (kernels/fused_moe.py) reads the experts through the
 slot table, one launch per projection; when a step needs more experts than a layer has slots,
-it runs in passes over the slots, refilled between passes. On the CPU, `backend.model.
+it runs in passes over the slots, refilled between passes. On the CPU, `kernels.moe_reference.
 grouped_experts` runs on the slots, fetching each expert just before its matmuls: the same
 arithmetic as the resident model, so outputs are bit-identical.
 
@@ -37,7 +37,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from backend.model import MoE, grouped_experts
+from backend.model import MoE
+from kernels.moe_reference import grouped_experts
 
 POLICIES = ("lru", "lfu")
 

@@ -170,13 +170,13 @@ class PagedKVCache:
     COMPRESS_CHUNK = 128  # blocks per compression call: bounds its temporaries (~2 MB per block at head_dim 128)
 
     def _compress_kernel(self, blocks: list[tuple[int, int, int, torch.Tensor, torch.Tensor]]):
-        """`_encode_blocks` with the Triton compression kernel (kernels/alrkvd_compress.py): one basis
-        decomposition for up to COMPRESS_CHUNK blocks of a prefill chunk, or of every layer of a decode step."""
-        from kernels.alrkvd_compress import alrkvd_compress
+        """`_encode_blocks` with the Triton compression kernel (kernels/alrkvd_compress.py, through the format's
+        `encode_with_kernel`): one basis decomposition for up to COMPRESS_CHUNK blocks of a prefill chunk, or of
+        every layer of a decode step."""
         for i in range(0, len(blocks), self.COMPRESS_CHUNK):
             layers, ids, starts, ks, vs = zip(*blocks[i:i + self.COMPRESS_CHUNK])
-            alrkvd_compress(self.format, list(layers), list(ids), torch.stack(ks), torch.stack(vs),
-                            start_pos=list(starts))
+            self.format.encode_with_kernel(list(layers), list(ids), torch.stack(ks), torch.stack(vs),
+                                           start_pos=list(starts))
 
     def _compress_filled(self):
         """Compress the blocks that the decode step's layers filled (read from the window until now), all

@@ -29,6 +29,9 @@ from typing import Any, Callable
 import torch
 
 from backend import trellis
+# the codecs the kernels share (bit packing, Lloyd-Max levels, asymmetric quantization): kernels/codecs.py
+from kernels.codecs import (GAUSS_SCALE_SEARCH, dequant_asym, gauss_codebook, kivi_dequantize, pack_bits, packed_len,
+                            quant_asym, unpack_bits)
 
 __all__ = [
     "KVFormat", "FP16Format", "Int8Format", "KIVIFormat", "ALRKVDFormat", "FORMATS", "make_format",
@@ -66,104 +69,10 @@ def _parse_options(name: str, spec: dict[str, tuple[Callable[[Any], Any], Any]],
 
 
 # ----------------------------------------------------------------------------------------------------
-# bit packing: b bits = sum of power-of-two planes (4, 2, 1 bits; 8 is a plain byte), highest plane first.
-# Plane with w bits holds 8/w values per byte in n/(8/w) bytes; value j of the plane sits in byte j % (n/(8/w))
-# at bit (j // (n/(8/w))) * w: the bits at one position of every byte are a contiguous run of values, so a
-# kernel unpacks a run with one mask per byte and needs no interleave.  Plane order in the packed last dim: the
-# plane of the highest power first, each plane holding the corresponding bits of the code (e.g. 3 bits: plane
-# 2-bit = code & 3, then plane 1-bit = code >> 2).
-# ----------------------------------------------------------------------------------------------------
-
-def _planes(bits: int) -> list[int]:
-    if not 1 <= bits <= 8:
-        raise ValueError(f"bits must be in 1..8, got {bits}")
-    if bits == 8:
-        return [8]
-    return [w for w in (4, 2, 1) if bits & w]
-
-
-def packed_len(n: int, bits: int) -> int:
-    if (n * 1) % 8 and bits != 8:
-        raise ValueError(f"packed dimension {n} must be a multiple of 8")
-    return sum(n * w // 8 for w in _planes(bits))
-
-
-def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """codes: integer tensor with values in [0, 2**bits) -> uint8 tensor, last dim packed_len(n, bits)."""
-    c = codes.to(torch.int32)
-    n = c.shape[-1]
-    parts = []
-    shift = 0
-    for w in _planes(bits):
-        plane = (c >> shift) & ((1 << w) - 1)
-        shift += w
-        per = 8 // w
-        p = plane.reshape(*c.shape[:-1], per, n // per)
-        sh = torch.arange(per, device=c.device, dtype=torch.int32)[:, None] * w
-        parts.append((p << sh).sum(-2).to(torch.uint8))
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
-
-
-def unpack_bits(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
-    """Inverse of pack_bits: uint8 [..., packed_len(n, bits)] -> int32 codes [..., n]."""
-    p = packed.to(torch.int32)
-    out = torch.zeros(*p.shape[:-1], n, dtype=torch.int32, device=p.device)
-    pos = 0
-    shift = 0
-    for w in _planes(bits):
-        per = 8 // w
-        nb = n // per
-        chunk = p[..., pos:pos + nb]
-        pos += nb
-        sh = torch.arange(per, device=p.device, dtype=torch.int32)[:, None] * w
-        vals = (chunk.unsqueeze(-2) >> sh) & ((1 << w) - 1)                   # [..., per, nb]
-        out |= vals.reshape(*p.shape[:-1], n) << shift
-        shift += w
-    return out
-
-
-# ----------------------------------------------------------------------------------------------------
 # scalar quantizers
 # ----------------------------------------------------------------------------------------------------
 
-_GAUSS_CACHE: dict[int, torch.Tensor] = {}
-
-
-def gauss_codebook(bits: int) -> torch.Tensor:
-    """Lloyd-Max levels for a unit Gaussian (float32, ascending, 2**bits levels), computed once."""
-    if bits not in _GAUSS_CACHE:
-        n = 1 << bits
-        x = torch.linspace(-6, 6, 24001, dtype=torch.float64)
-        pdf = torch.exp(-0.5 * x * x)
-        lv = torch.linspace(-2.0, 2.0, n, dtype=torch.float64) if n > 1 else torch.zeros(1, dtype=torch.float64)
-        for _ in range(300):
-            edges = (lv[1:] + lv[:-1]) / 2
-            idx = torch.bucketize(x, edges)
-            num = torch.zeros(n, dtype=torch.float64).index_add_(0, idx, pdf * x)
-            den = torch.zeros(n, dtype=torch.float64).index_add_(0, idx, pdf)
-            lv = num / den
-        _GAUSS_CACHE[bits] = lv.to(torch.float32)
-    return _GAUSS_CACHE[bits]
-
-
-def quant_asym(x: torch.Tensor, bits: int, dim: int):
-    """Asymmetric uniform quantization with min and scale over ``dim`` (kept), both rounded to fp16 first.
-    Returns (codes int32, scale fp16, zero fp16 (the minimum))."""
-    qmax = (1 << bits) - 1
-    mn = x.amin(dim=dim, keepdim=True)
-    mx = x.amax(dim=dim, keepdim=True)
-    scale = ((mx - mn) / qmax).to(torch.float16)
-    zero = mn.to(torch.float16)
-    s = scale.float().clamp_min(1e-8)
-    q = torch.round((x - zero.float()) / s).clamp_(0, qmax).to(torch.int32)
-    return q, scale, zero
-
-
-def dequant_asym(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-    return q.float() * scale.float() + zero.float()
-
-
-SCALE_SEARCH = {"gauss": (0.8, 0.9, 1.0, 1.12, 1.25), "trellis": (0.9, 1.0, 1.1)}
+SCALE_SEARCH = {"gauss": GAUSS_SCALE_SEARCH, "trellis": (0.9, 1.0, 1.1)}
 
 
 def quant_scaled(x: torch.Tensor, bits: int, codebook: str, scale_round: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -511,18 +420,7 @@ class KIVIFormat(KVFormat):
                                self.options["bits"], self.options["group"])
         return k.to(self.dtype), v.to(self.dtype)
 
-    @staticmethod
-    def dequantize(k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, bits: int, group: int):
-        """Keys and values [n * T, H, D] of n blocks' storage (each tensor [n, ...] as allocated); also the
-        reference of the KIVI decode kernel (kernels/kivi_attention.py)."""
-        n, H, D = k_codes.shape[:3]
-        T = v_codes.shape[1]
-        q = unpack_bits(k_codes, bits, T).reshape(n, H, D, T // group, group)
-        k = dequant_asym(q, k_scale[..., None], k_zero[..., None])
-        k = k.reshape(n, H, D, T).permute(0, 3, 1, 2).reshape(n * T, H, D)
-        q = unpack_bits(v_codes, bits, D).reshape(n, T, H, D // group, group)
-        v = dequant_asym(q, v_scale[..., None], v_zero[..., None])
-        return k, v.reshape(n * T, H, D)
+    dequantize = staticmethod(kivi_dequantize)   # also the reference of the KIVI decode kernel
 
 
 def _kivi(bits: int):
@@ -882,6 +780,60 @@ class ALRKVDFormat(KVFormat):
                 getattr(self, f"{kv}_rzero")[layer, block_id] = z
             if base is not None:
                 getattr(self, f"{kv}_rbase")[layer, block_id] = base
+
+    def compress_options(self):
+        """The options the Triton compression kernel reads (kernels/alrkvd_compress.py); NotImplementedError for
+        options it does not write."""
+        from kernels.alrkvd_compress import CompressOptions, check_options
+        o = self.options
+        if o["latent_bits"] != 8 or o["basis_bits"] != 8 or o["rank_budget"] <= 0 or o.get("scale_bits", 16) != 16:
+            raise NotImplementedError("the ALR-KVD compression kernel writes latent_bits=8, basis_bits=8, "
+                                      "rank_budget>0, scale_bits=16")
+        opts = CompressOptions(k_bits=o["k_bits"], v_bits=o["v_bits"], group=o["group"], codebook=o["codebook"],
+                               rank_max=o["rank_max"], post_rope=o["key_frame"] == "post_rope")
+        check_options(opts, self.head_dim)
+        return opts
+
+    def encode_with_kernel(self, layer, block_ids, k: torch.Tensor, v: torch.Tensor, start_pos=None) -> None:
+        """What `encode` does per block, for full blocks `k, v [n, T, H, D]` (keys before RoPE) into `block_ids`,
+        with the Triton compression kernel (kernels/alrkvd_compress.py; latent_bits = basis_bits = 8,
+        rank_budget > 0): the basis here in PyTorch, then the kernel. `layer`: the layer of every block, or a
+        list of each block's layer (one call for every layer of a decode step). `start_pos` [n]: each block's
+        first position (key_frame=post_rope and rotated only)."""
+        from kernels.alrkvd_compress import alrkvd_compress, device_indices
+        opts = self.compress_options()
+        o = self.options
+        H, D, T = self.num_kv_heads, self.head_dim, self.block_size
+        assert k.shape == v.shape and k.shape[1:] == (T, H, D) and k.stride() == v.stride() and k.stride(-1) == 1
+        assert T & (T - 1) == 0 and D & (D - 1) == 0, "block_size and head_dim must be powers of two"
+        n = len(block_ids)
+        assert n == k.shape[0]
+        if n == 0:
+            return
+        if o["key_frame"] != "pre_rope" and (start_pos is None or self._rotary is None):
+            raise ValueError(f"alrkvd key_frame={o['key_frame']}: compress needs start_pos and fmt.set_rotary(rotary)")
+        if o["key_frame"] == "rotated":  # the whole key after RoPE: rotate here once (fp32, as encode), then as pre_rope
+            pos = (device_indices(start_pos, k.device)[:, None] + torch.arange(T, device=k.device)).flatten()
+            k = self._rope(k.flatten(0, 1).float(), pos).unflatten(0, (n, T))
+            v = v.float()
+        layers = device_indices(layer if isinstance(layer, (list, tuple)) else [layer] * n, k.device)
+        rows = layers * self.ranks.shape[1] + device_indices(block_ids, k.device)  # in the (layer, block)-flattened storage
+        self._basis_rows(layers, rows, k, v)
+        post = opts.post_rope
+        alrkvd_compress(opts, self.named_tensors(), rows, k, v,
+                        start_pos=device_indices(start_pos, k.device) if post else None,
+                        cos=self._rotary.cos if post else None, sin=self._rotary.sin if post else None, rot=self._rot)
+
+    def _basis_rows(self, layers: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Batched SVD, rank allocation and 8-bit basis of `encode` for blocks of any layers (`layers` [n]),
+        written to ranks/basis/basis_scale at `rows` [n] of their (layer, block)-flattened views."""
+        x = torch.cat([k.float(), v.float()], dim=2).permute(0, 2, 1, 3)  # [n, 2H, T, D]
+        # the format's own decomposition (batched over blocks here) and basis, as encode uses them
+        svals, vh, total = (t.unflatten(0, x.shape[:2]) for t in self._svd(x.flatten(0, 1)))
+        ranks, bq, bscale = self.quantized_basis(layers, svals, vh, total)
+        self.ranks.flatten(0, 1)[rows] = ranks.to(torch.int16)
+        self.basis.flatten(0, 1)[rows] = bq.to(torch.int8)
+        self.basis_scale.flatten(0, 1)[rows] = bscale
 
     def _split_low(self, layer, block_id, e, q, s, z, saliency):
         """Values with ``v_low_tokens``: the least salient tokens of each head requantized at ``v_low_bits``

@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from backend.config import ModelConfig
+from kernels.moe_reference import grouped_experts
 
 
 class RMSNorm(nn.Module):
@@ -159,32 +160,6 @@ class MoE(nn.Module):
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
-
-
-def grouped_experts(x, weights, ids, num_experts: int, expert_weights):
-    """Sort (token, expert) pairs by expert and run each expert once on its contiguous tokens.
-
-    x [T, H], weights/ids [T, k]; `expert_weights(e)` returns expert e's (gate, up, down).
-    """
-    k = ids.shape[1]
-    flat_ids = ids.reshape(-1)
-    order = torch.argsort(flat_ids, stable=True)
-    token_of = order // k
-    counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
-    xs = x[token_of]
-    ys = torch.empty_like(xs)
-    start = 0
-    for e, n in enumerate(counts):
-        if n == 0:
-            continue
-        g, u, d = expert_weights(e)
-        xe = xs[start:start + n]
-        ys[start:start + n] = (F.silu(xe @ g.T) * (xe @ u.T)) @ d.T
-        start += n
-    ys = ys * weights.reshape(-1)[order].unsqueeze(-1)
-    out = torch.zeros_like(x)
-    out.index_add_(0, token_of, ys)
-    return out
 
 
 class FP16Linear(nn.Module):

@@ -49,7 +49,6 @@ def compress_step(layers: int, seqs: int, heads: int = 4, dim: int = 128, block:
 
     from backend.kv_formats import make_format
     from kernels.alrkvd_attention import kernel_options
-    from kernels.alrkvd_compress import alrkvd_compress
     from kernels.testing import rope_tables
     fmt = make_format("alrkvd", layers, heads, dim, torch.bfloat16, "cuda", seqs, block, **kernel_options(dim))
     fmt.set_rotary(rope_tables(dim, 40960, 1e6, device="cuda"))
@@ -57,7 +56,7 @@ def compress_step(layers: int, seqs: int, heads: int = 4, dim: int = 128, block:
     k = torch.randn(n, block, heads, dim, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     args = ([i // seqs for i in range(n)], [i % seqs for i in range(n)], k, v)
-    call = lambda: alrkvd_compress(fmt, *args, start_pos=[32768 - block] * n)  # noqa: E731
+    call = lambda: fmt.encode_with_kernel(*args, start_pos=[32768 - block] * n)  # noqa: E731
     call()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")

@@ -32,18 +32,7 @@ from backend.model import MoE, Transformer  # noqa: E402
 from backend.sampling import SamplingParams  # noqa: E402
 from benchmarks.devices import copy_bandwidth  # noqa: E402
 from kernels.alrkvd_attention import kernel_options  # noqa: E402
-
-SHAPES = {
-    "qwen3-30b-a3b": dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, num_hidden_layers=48,
-                          num_attention_heads=32, num_key_value_heads=4, head_dim=128, intermediate_size=6144,
-                          moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
-                          rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=40960,
-                          tie_word_embeddings=False),
-    "mixtral-8x7b": dict(model_type="mixtral", vocab_size=32000, hidden_size=4096, num_hidden_layers=32,
-                         num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
-                         num_local_experts=8, num_experts_per_tok=2, rms_norm_eps=1e-5, rope_theta=1e6,
-                         max_position_embeddings=40960, tie_word_embeddings=False),
-}
+from server.dummy_repository import SHAPES  # noqa: E402  (the full-size MoE configs)
 
 
 # ---- CPU ------------------------------------------------------------------------------------

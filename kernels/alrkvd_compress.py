@@ -1,9 +1,9 @@
 """One-pass ALR-KVD compression of full blocks (Triton): projection onto the block's basis, latent
 quantization, residual (rotation, quantization) and packing, straight into the format's storage.
 
-The basis comes first, from PyTorch on the device: the batched SVD of all streams of all blocks,
-the format's own rank water-filling (`fmt.allocate_ranks`) and the 8-bit basis quantization, exactly
-as `backend.kv_formats.ALRKVDFormat.encode` does them. The kernel then does the rest of `encode` for
+The basis comes first, written by the format in PyTorch on the device (`backend.kv_formats.ALRKVDFormat.
+encode_with_kernel`): the batched SVD of all streams of all blocks, its rank water-filling and the 8-bit basis
+quantization, exactly as its `encode` does them. The kernel then does the rest of `encode` for
 one stream of one block per program (grid (n, 2H)), in chunks of 32 tokens (two passes: the latents'
 range over the block first), never writing anything but the packed result:
     lat = X_s @ B_s^T                      latents [T, r_s], then asymmetric 8-bit per row over T
@@ -16,20 +16,26 @@ Same arithmetic as the PyTorch encode (fp32 IEEE dots, division and square root 
 round half to even, fp16 rounding of scales): the results equal it up to float summation order,
 which can move a value across a rounding boundary (tests: codes equal but for rare neighbours).
 
-Public: `alrkvd_compress(fmt, layer, block_ids, k, v, start_pos=None)`; reference: `fmt.encode`. Nothing runs at import.
+The kernel takes tensors and a `CompressOptions`, never the format object: the format passes its storage
+tensors, the RoPE tables and the rotation. Public: `CompressOptions`, `check_options`,
+`alrkvd_compress(opts, storage, rows, k, v, start_pos=None, cos=None, sin=None, rot=None)`, `device_indices`;
+reference: the format's `encode`. Nothing runs at import.
 """
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from kernels.codecs import GAUSS_SCALE_SEARCH, gauss_codebook
 from kernels.tuning import get_config
 
 _DEFAULT = {"num_warps": 8, "num_stages": 1}
-GAUSS_SEARCH = (0.8, 0.9, 1.0, 1.12, 1.25)  # backend.kv_formats.SCALE_SEARCH["gauss"]
+GAUSS_SEARCH = GAUSS_SCALE_SEARCH  # backend.kv_formats.SCALE_SEARCH["gauss"]
 
 
 @triton.jit
@@ -212,84 +218,80 @@ def _alrkvd_compress_kernel(
                                V_levels, V_edges, Search, V_BITS, GROUP, UNIFORM, NSEARCH, TC, D)
 
 
-def _basis_step(fmt, layers: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Batched SVD, rank allocation and 8-bit basis of `encode` for blocks of any layers (`layers` [n]),
-    written to ranks/basis/basis_scale at `rows` [n] of their (layer, block)-flattened views."""
-    x = torch.cat([k.float(), v.float()], dim=2).permute(0, 2, 1, 3)  # [n, 2H, T, D]
-    # the format's own decomposition (batched over blocks here) and basis, as encode uses them
-    svals, vh, total = (t.unflatten(0, x.shape[:2]) for t in fmt._svd(x.flatten(0, 1)))
-    ranks, bq, bscale = fmt.quantized_basis(layers, svals, vh, total)
-    fmt.ranks.flatten(0, 1)[rows] = ranks.to(torch.int16)
-    fmt.basis.flatten(0, 1)[rows] = bq.to(torch.int8)
-    fmt.basis_scale.flatten(0, 1)[rows] = bscale
+@dataclass(frozen=True)
+class CompressOptions:
+    """What the kernel writes: the format's options it reads (ALRKVDFormat.compress_options())."""
+    k_bits: int
+    v_bits: int
+    group: int           # residual scale group (channels of one token)
+    codebook: str        # "gauss" (Lloyd-Max levels, scale search) or "uniform" (asymmetric)
+    rank_max: int        # most basis rows of one stream
+    post_rope: bool = False  # key_frame=post_rope: the key residual rotated by RoPE (cos, sin) before quantization
+
+
+def check_options(opts: CompressOptions, head_dim: int) -> None:
+    """NotImplementedError for options the kernel does not write."""
+    if opts.codebook not in ("gauss", "uniform"):
+        raise NotImplementedError("the ALR-KVD compression kernel writes gauss or uniform codes")
+    if opts.codebook == "gauss" and opts.group < head_dim and max(opts.k_bits, opts.v_bits) > 2:
+        # compiled for the H200 (triton 3.6) this case wrote wrong codes for half the bytes (interpreted it is
+        # right); refused until found. kernels/README.md, "Known problems".
+        raise NotImplementedError("the ALR-KVD compression kernel does not write gauss codes of more than 2 bits "
+                                  "with group < head_dim")
 
 
 @functools.lru_cache(maxsize=None)
 def _device_constants(bits: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Lloyd-Max levels of `bits`, the edges between them and the scale search factors, on `device` once
     (a host-to-device copy from pageable memory synchronises, which would stall a side-stream compression)."""
-    from backend.kv_formats import gauss_codebook
     lv = gauss_codebook(bits).to(device)
     return lv, ((lv[1:] + lv[:-1]) / 2).contiguous(), torch.tensor(GAUSS_SEARCH, dtype=torch.float32, device=device)
 
 
-def _indices(values, device) -> torch.Tensor:
+def device_indices(values, device) -> torch.Tensor:
     """int64 [n] on `device` from a Python list, through pinned memory on CUDA: no synchronisation."""
     t = torch.as_tensor(values, dtype=torch.int64).reshape(-1)
     return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
 
-def alrkvd_compress(fmt, layer, block_ids, k: torch.Tensor, v: torch.Tensor, start_pos=None) -> None:
-    """Compress full blocks `k, v [n, T, H, D]` (keys before RoPE) into `block_ids` of an `ALRKVDFormat`
-    (latent_bits = basis_bits = 8, rank_budget > 0): what `fmt.encode` does per block. `layer`: the layer
-    of every block, or a list of each block's layer (one call for every layer of a decode step).
-    `start_pos` [n]: each block's first position (key_frame=post_rope and rotated only)."""
-    o = fmt.options
-    if o["latent_bits"] != 8 or o["basis_bits"] != 8 or o["rank_budget"] <= 0 or o.get("scale_bits", 16) != 16:
-        raise NotImplementedError("the ALR-KVD compression kernel writes latent_bits=8, basis_bits=8, "
-                                  "rank_budget>0, scale_bits=16")
-    if o["codebook"] not in ("gauss", "uniform"):
-        raise NotImplementedError("the ALR-KVD compression kernel writes gauss or uniform codes")
-    H, D, T = fmt.num_kv_heads, fmt.head_dim, fmt.block_size
-    if o["codebook"] == "gauss" and o["group"] < D and max(o["k_bits"], o["v_bits"]) > 2:
-        # compiled for the H200 (triton 3.6) this case wrote wrong codes for half the bytes (interpreted it is
-        # right); refused until found. kernels/README.md, "Known problems".
-        raise NotImplementedError("the ALR-KVD compression kernel does not write gauss codes of more than 2 bits "
-                                  "with group < head_dim")
-    assert k.shape == v.shape and k.shape[1:] == (T, H, D) and k.stride() == v.stride() and k.stride(-1) == 1
+def alrkvd_compress(opts: CompressOptions, storage: Mapping[str, torch.Tensor], rows: torch.Tensor,
+                    k: torch.Tensor, v: torch.Tensor, start_pos: torch.Tensor | None = None,
+                    cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
+                    rot: torch.Tensor | None = None) -> None:
+    """Latents and residual codes of full blocks `k, v [n, T, H, D]` (keys in the frame the format compresses
+    them in) into ALR-KVD storage whose basis of these blocks is already written.
+
+    storage: the format's tensors by name (`ALRKVDFormat.named_tensors()`, layouts in docs/ALRKVD.md), each
+    `[num_layers, num_blocks, ...]`; read: ranks, basis, basis_scale; written: latent, latent_scale, latent_zero,
+    k_resid, k_rscale, v_resid, v_rscale (and k_rzero, v_rzero for the uniform codebook). rows [n] int64 on
+    k's device: each block's row in the (layer, block)-flattened storage (layer * num_blocks + block).
+    start_pos [n] int64 (each block's first position) and cos, sin [max_len, D] fp32 (RoPE tables, HF layout):
+    with `opts.post_rope` only. rot [D, D] fp32: the residual's rotation, None: none."""
+    H, D, T = k.shape[2], k.shape[3], k.shape[1]
+    check_options(opts, D)
+    assert k.shape == v.shape and k.stride() == v.stride() and k.stride(-1) == 1
     assert T & (T - 1) == 0 and D & (D - 1) == 0, "block_size and head_dim must be powers of two"
-    n = len(block_ids)
-    assert n == k.shape[0]
+    n = k.shape[0]
+    assert rows.shape == (n,)
     if n == 0:
         return
-    if o["key_frame"] != "pre_rope" and (start_pos is None or fmt._rotary is None):
-        raise ValueError(f"alrkvd key_frame={o['key_frame']}: compress needs start_pos and fmt.set_rotary(rotary)")
-    if o["key_frame"] == "rotated":  # the whole key after RoPE: rotate here once (fp32, as encode), then as pre_rope
-        pos = (_indices(start_pos, k.device)[:, None] + torch.arange(T, device=k.device)).flatten()
-        k = fmt._rope(k.flatten(0, 1).float(), pos).unflatten(0, (n, T))
-        v = v.float()
-    layers = _indices(layer if isinstance(layer, (list, tuple)) else [layer] * n, k.device)
-    rows = layers * fmt.ranks.shape[1] + _indices(block_ids, k.device)  # in the (layer, block)-flattened storage
-    _basis_step(fmt, layers, rows, k, v)
-
-    uniform = o["codebook"] == "uniform"
+    uniform = opts.codebook == "uniform"
     dev = k.device
-    post = o["key_frame"] == "post_rope"
+    post = opts.post_rope
     if post:
-        start = _indices(start_pos, dev)
-        cos, sin = fmt._rotary.cos, fmt._rotary.sin
+        assert start_pos is not None and cos is not None and sin is not None
+        start = start_pos
     else:
         start = cos = sin = rows  # never read
 
-    k_lv, k_edges, search = _device_constants(o["k_bits"], dev)  # read with the gauss codebook only
-    v_lv, v_edges, _ = _device_constants(o["v_bits"], dev)
-    rot = getattr(fmt, "_rot", None)
+    k_lv, k_edges, search = _device_constants(opts.k_bits, dev)  # read with the gauss codebook only
+    v_lv, v_edges, _ = _device_constants(opts.v_bits, dev)
     # every storage tensor as [num_layers * num_blocks, ...] (views: layers and blocks are the outer dims),
     # row = layer * NB + block
     ranks, basis, basis_scale, lat, lat_scale, lat_zero, kres, ksc, vres, vsc = (
-        t.flatten(0, 1) for t in (fmt.ranks, fmt.basis, fmt.basis_scale, fmt.latent, fmt.latent_scale,
-                                  fmt.latent_zero, fmt.k_resid, fmt.k_rscale, fmt.v_resid, fmt.v_rscale))
-    kz, vz = (fmt.k_rzero.flatten(0, 1), fmt.v_rzero.flatten(0, 1)) if uniform else (ksc, ksc)
+        storage[name].flatten(0, 1) for name in ("ranks", "basis", "basis_scale", "latent", "latent_scale",
+                                                 "latent_zero", "k_resid", "k_rscale", "v_resid", "v_rscale"))
+    kz, vz = (storage["k_rzero"].flatten(0, 1), storage["v_rzero"].flatten(0, 1)) if uniform else (ksc, ksc)
     assert vsc.stride() == ksc.stride() and kz.stride() == ksc.stride() and vz.stride() == ksc.stride()
     cfg = get_config("alrkvd_compress", f"head_dim={D},block_size={T}", dev, _DEFAULT)
     _alrkvd_compress_kernel[(n, 2 * H)](
@@ -307,7 +309,7 @@ def alrkvd_compress(fmt, layer, block_ids, k: torch.Tensor, v: torch.Tensor, sta
         ksc.stride(0), ksc.stride(1), ksc.stride(2), ksc.stride(3),
         cos.stride(0) if post else 0,
         NUM_KV_HEADS=H, T=T, D=D, TC=min(32, T),
-        BLOCK_R=max(16, triton.next_power_of_2(o["rank_max"])), BLOCK_S=triton.next_power_of_2(2 * H),
-        K_BITS=o["k_bits"], V_BITS=o["v_bits"], GROUP=o["group"], UNIFORM=uniform, ROTATE=rot is not None,
+        BLOCK_R=max(16, triton.next_power_of_2(opts.rank_max)), BLOCK_S=triton.next_power_of_2(2 * H),
+        K_BITS=opts.k_bits, V_BITS=opts.v_bits, GROUP=opts.group, UNIFORM=uniform, ROTATE=rot is not None,
         NSEARCH=len(GAUSS_SEARCH), POST_ROPE=post, **cfg,
     )

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels.moe_reference import grouped_experts
 from kernels.paged_attention import dot_dtype
 from kernels.tuning import get_config
 
@@ -272,8 +273,6 @@ def _bench_configs():
 
 def bench_fused_moe(print_data: bool = True):
     """Weight bytes read per second of one MoE layer (distinct routed experts x expert bytes)."""
-    from backend.model import grouped_experts
-
     @triton.testing.perf_report(_bench_configs())
     def bench(T, provider, E, H, I, k):
         dev, dt = torch.device("cuda"), torch.bfloat16

@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.codecs import kivi_dequantize
 from kernels.paged_attention import (
     LOG2E, MIN_TOKENS_PER_SPLIT, attend_ref, check_decode_inputs, decode_reduce, fp16_code,
     softmax_update, store_partial, windowed_num_splits,
@@ -281,17 +282,17 @@ def kivi_decode_attention(
 def kivi_decode_attention_ref(q, cache: KiviLayer, window_k, window_v, block_tables, seq_lens, window_slots,
                               scale: float, num_splits: int | None = None, kv_dtype: torch.dtype | None = None):
     """The contract of `kivi_decode_attention` in fp32 PyTorch: the format's own dequantization of the closed
-    blocks (backend.kv_formats.KIVIFormat.dequantize), then the window, then attention. `kv_dtype` rounds keys
-    and values to that dtype first (what the kernel's fp16 dot operands do), for error budgets in tests."""
-    from backend.kv_formats import KIVIFormat
+    blocks (`kernels.codecs.kivi_dequantize`, backend.kv_formats.KIVIFormat.dequantize), then the window, then
+    attention. `kv_dtype` rounds keys and values to that dtype first (what the kernel's fp16 dot operands do), for
+    error budgets in tests."""
     out = torch.empty_like(q)
     T = cache.block_size
     for i, seq_len in enumerate(seq_lens.tolist()):
         n_closed = max(seq_len - 1, 0) // T
         ids = block_tables[i, :n_closed].long()
-        k, v = KIVIFormat.dequantize(cache.k_codes[ids], cache.k_scale[ids].float(), cache.k_zero[ids].float(),
-                                     cache.v_codes[ids], cache.v_scale[ids].float(), cache.v_zero[ids].float(),
-                                     cache.bits, GROUP)
+        k, v = kivi_dequantize(cache.k_codes[ids], cache.k_scale[ids].float(), cache.k_zero[ids].float(),
+                               cache.v_codes[ids], cache.v_scale[ids].float(), cache.v_zero[ids].float(),
+                               cache.bits, GROUP)
         slot, rest = int(window_slots[i]), seq_len - n_closed * T
         k = torch.cat([k.float(), window_k[slot, :rest].float()])
         v = torch.cat([v.float(), window_v[slot, :rest].float()])

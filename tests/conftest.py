@@ -1,7 +1,7 @@
 """Shared fixtures.
 
 `triton_server` (session): one real tritonserver on the repository's model_repository, started
-through our launcher (`python -m backend.serve`) on free loopback ports, shared by every test
+through our launcher (`python -m server.serve`) on free loopback ports, shared by every test
 that asks for it, and stopped cleanly (SIGTERM to the launcher) at the end. A failing test that
 used it gets the tail of the server log in its report.
 
@@ -87,13 +87,13 @@ def _all_models() -> tuple[str, ...]:
 @pytest.fixture(scope="session")
 def triton_server(tmp_path_factory) -> TritonServer:
     global _server
-    from backend.serve import LaunchError, wait_until_ready
+    from server.serve import LaunchError, wait_until_ready
 
     models = tuple(os.environ.get("ALRKVD_TEST_MODELS", "").split()) or _all_models()
     timeout = float(os.environ.get("ALRKVD_TEST_READY_TIMEOUT", "900"))
     http, grpc, metrics = free_ports(3)
     log_path = tmp_path_factory.mktemp("tritonserver") / "tritonserver.log"
-    cmd = [sys.executable, "-m", "backend.serve", "--host", "127.0.0.1",
+    cmd = [sys.executable, "-m", "server.serve", "--host", "127.0.0.1",
            "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
            "--ready-timeout", str(timeout), "--exit-timeout", "15", "--models", *models]
     with open(log_path, "wb") as log:

@@ -64,7 +64,7 @@ def test_commands_name_existing_files_and_entry_points():
         if program.startswith("alrkvd-"):
             assert re.search(rf"^{program}\s*=", pyproject, re.M), f"{name}: no console script {program}"
             if program == "alrkvd-serve":
-                from backend.serve import build_parser
+                from server.serve import build_parser
 
                 args = build_parser().parse_args(cmd[1:])
                 assert _in_image(str(args.model_repository)).is_dir()

@@ -21,9 +21,9 @@ import transformers  # noqa: E402
 
 from backend.engine import EngineArgs, LLMEngine  # noqa: E402
 from backend.experts import ExpertCache, ExpertStore, expert_nbytes  # noqa: E402
-from backend.model import grouped_experts  # noqa: E402
 from backend.sampling import SamplingParams  # noqa: E402
 from backend.tokenizer import Tokenizer  # noqa: E402
+from kernels.moe_reference import grouped_experts  # noqa: E402
 
 E, H, I = 6, 8, 4
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_experts.py"

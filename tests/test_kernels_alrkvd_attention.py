@@ -11,8 +11,7 @@ fp16 alone causes, e16 = max|ref(kv fp16) - ref|, sets the budget:
     max|out - ref| <= 2 e16 + 2e-3 max(1, max|ref|)
 (the second term: fp16 output rounding and fp32 summation order).
 """
-from kernels.testing import (build_alrkvd_case, check_decode_kernel, random_kv, to_device,
-                             use_interpreter_without_gpu)
+from kernels.testing import check_decode_kernel, random_kv, to_device, use_interpreter_without_gpu
 
 DEVICE = use_interpreter_without_gpu()
 
@@ -25,6 +24,8 @@ import kernels.alrkvd_attention as alrkvd_mod  # noqa: E402
 from kernels.alrkvd_attention import (  # noqa: E402
     alrkvd_decode_attention, alrkvd_decode_attention_ref, alrkvd_decode_blocks_ref, rope_ref,
 )
+
+from alrkvd_cases import build_alrkvd_case  # noqa: E402  (tests/alrkvd_cases.py)
 
 SMOLLM2_KV = Path(__file__).resolve().parents[1] / "kernels" / "testdata" / "smollm2_kv.pt"
 

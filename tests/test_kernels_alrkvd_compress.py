@@ -1,4 +1,5 @@
-"""kernels/alrkvd_compress.py against the format's own PyTorch encode (CPU: TRITON_INTERPRET=1).
+"""kernels/alrkvd_compress.py (through the format's `encode_with_kernel`) against the format's own PyTorch
+encode (CPU: TRITON_INTERPRET=1).
 
 Tolerance: ranks, basis and basis scales (the same PyTorch code) are equal. The kernel repeats the
 rest of `encode`'s arithmetic (fp32 IEEE dots, correctly rounded division and square root, round half
@@ -18,7 +19,6 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from backend.kv_formats import make_format  # noqa: E402
-from kernels.alrkvd_compress import alrkvd_compress  # noqa: E402
 
 SMOLLM2_KV = Path(__file__).resolve().parents[1] / "kernels" / "testdata" / "smollm2_kv.pt"
 
@@ -38,7 +38,7 @@ def _compare(k, v, block_ids, num_blocks, layers=None, tilts=(), **options):
             fmt.set_head_tilt(layer, tilt)
     for i, bid in enumerate(block_ids):
         ref.encode(layers[i] if layers else 0, bid, k[i], v[i], start_pos=start[i])
-    alrkvd_compress(out, layers or 0, block_ids, k, v, start_pos=start)
+    out.encode_with_kernel(layers or 0, block_ids, k, v, start_pos=start)
     for name, want in ref.named_tensors().items():
         got = out.named_tensors()[name]
         if name in ("ranks", "basis", "basis_scale"):

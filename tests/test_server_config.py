@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 from pathlib import Path
 
 import pytest
+
+from server.model_config import parameters  # a config.pbtxt's parameters, as Triton hands them to model.py
 
 REPO = Path(__file__).resolve().parents[1] / "model_repository"
 CONFIGS = sorted(REPO.glob("*/config.pbtxt")) + sorted(REPO.glob("*/configs/*.pbtxt"))
@@ -18,13 +19,6 @@ def _load(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def parameters(pbtxt: Path) -> dict:
-    """The `parameters` of a config.pbtxt in the shape Triton hands model.py."""
-    found = re.findall(r'\{\s*key:\s*"([^"]+)",\s*value:\s*\{\s*string_value:\s*"((?:[^"\\]|\\.)*)"\s*\}\s*\}',
-                       pbtxt.read_text())
-    return {k: {"string_value": json.loads(f'"{v}"')} for k, v in found}  # protobuf text escapes as JSON's
 
 
 @pytest.mark.parametrize("pbtxt", CONFIGS, ids=[str(p.relative_to(REPO)) for p in CONFIGS])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from backend import serve
+from server import serve
 
 
 def test_finds_tritonserver_in_the_pytriton_wheel(monkeypatch):

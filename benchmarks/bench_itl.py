@@ -9,7 +9,7 @@ stream): client gap minus model.py gap, on the same tokens, is what Triton's tra
 the gaps.
 
     alrkvd-serve --models smollm2 &        # or make serve
-    python -m client.bench_itl --grpc-url 127.0.0.1:8001 --http-url 127.0.0.1:8000 --out reports/bench_itl.json
+    python -m benchmarks.bench_itl --grpc-url 127.0.0.1:8001 --http-url 127.0.0.1:8000 --out reports/bench_itl.json
 """
 
 from __future__ import annotations
@@ -27,15 +27,10 @@ from pathlib import Path
 import requests
 
 from client.api import complete
+from server.model_config import model_config
 
 PROMPT = "Once upon a time, in a small village by the sea,"
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def _config_parameters(model: str) -> dict:
-    text = (REPO_ROOT / "model_repository" / model / "config.pbtxt").read_text()
-    found = re.findall(r'\{\s*key:\s*"([^"]+)",\s*value:\s*\{\s*string_value:\s*"([^"]*)"\s*\}\s*\}', text)
-    return {k: {"string_value": v} for k, v in found}
 
 
 def load_engine(model: str):
@@ -48,7 +43,7 @@ def load_engine(model: str):
         "engine_config", REPO_ROOT / "model_repository" / model / "1" / "engine_config.py")
     ec = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ec)
-    config = {"parameters": _config_parameters(model)}
+    config = model_config(model, REPO_ROOT / "model_repository")  # config.pbtxt's parameters, as Triton hands them
     args = ec.engine_args_from_config(config, str(REPO_ROOT / "model_repository" / model), EngineArgs)
     threads = ec.server_options(config)["torch_num_threads"]  # as model.py does
     if threads > 0:
@@ -83,7 +78,7 @@ def server_tpot(metrics_url: str, model: str) -> tuple[float, float]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m client.bench_itl", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_itl", description=__doc__.split("\n\n")[0])
     p.add_argument("--grpc-url", default="127.0.0.1:8001")
     p.add_argument("--http-url", default="127.0.0.1:8000")
     p.add_argument("--metrics-url", default=None, help="default: the HTTP host, port 8002")
@@ -108,7 +103,7 @@ def main(argv=None) -> int:
 def start_server(model: str):
     import socket
 
-    from backend.serve import TritonLauncher
+    from server.serve import TritonLauncher
 
     socks = [socket.socket() for _ in range(3)]
     for s in socks:

