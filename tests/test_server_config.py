@@ -50,7 +50,10 @@ def test_gpu_config_kv_options_are_the_decode_kernels():
 
     params = parameters(REPO / "smollm2" / "configs" / "gpu.pbtxt")
     args = _load("engine_config").engine_args_from_config({"parameters": params}, str(REPO / "smollm2"), EngineArgs)
-    options = dict(args.kv_options)
+    from backend.kv_presets import resolve_kv
+
+    kv_format, options = resolve_kv(args.kv_format, args.kv_options)
+    assert kv_format == "alrkvd"
     block_size = options.pop("block_size")
     fmt = make_format("alrkvd", 1, 3, 64, torch.float16, "meta", num_blocks=1, block_size=block_size, **options)
     AlrkvdLayer.from_format(fmt, 0)  # NotImplementedError for options the kernel does not read
