@@ -1,4 +1,4 @@
-"""Helpers for the kernel tests (tests/test_kernels*.py) and the benchmark's smoke run.
+"""Helpers for the kernel tests (tests/kernels/test_*.py) and the benchmark's smoke run.
 
 `use_interpreter_without_gpu()` must run before the first import of a kernel module: Triton decides
 at `@triton.jit` time whether a kernel is compiled or interpreted (TRITON_INTERPRET=1, CPU tensors).

@@ -8,7 +8,7 @@ import importlib.util  # noqa: E402
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_attention.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_attention.py"
 
 
 def _load_bench():

@@ -17,7 +17,7 @@ import torch  # noqa: E402
 from backend import trellis  # noqa: E402
 from kernels.trellis_viterbi import trellis_quantize  # noqa: E402
 
-SMOLLM2_KV = Path(__file__).resolve().parents[1] / "kernels" / "testdata" / "smollm2_kv.pt"
+SMOLLM2_KV = Path(__file__).resolve().parents[2] / "kernels" / "testdata" / "smollm2_kv.pt"
 
 
 def _check(x: torch.Tensor, k: int, L: int | None = None):

@@ -22,7 +22,7 @@ from loadtest.records import read_records
 from loadtest.report import PLOTS, write_report
 from loadtest.sse import SSEParser, decode_triton_event
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import torch
 from backend.kv_formats import (FORMATS, ALRKVDFormat, gauss_codebook, make_format, pack_bits, packed_len,
                                 rotation_matrix, unpack_bits)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WIKITEXT = os.path.join(REPO, "data", "wikitext-2-raw", "wiki.test.raw")
 
 L, H, D = 2, 3, 64

@@ -10,7 +10,7 @@ import pytest
 
 from server.model_config import parameters  # a config.pbtxt's parameters, as Triton hands them to model.py
 
-REPO = Path(__file__).resolve().parents[1] / "model_repository"
+REPO = Path(__file__).resolve().parents[2] / "model_repository"
 CONFIGS = sorted(REPO.glob("*/config.pbtxt")) + sorted(REPO.glob("*/configs/*.pbtxt"))
 
 

@@ -19,7 +19,7 @@ from backend.kv_formats import make_format  # noqa: E402
 from kernels.alrkvd_attention import rope_ref  # noqa: E402
 from kernels.kivi_attention import KiviLayer, kivi_decode_attention, kivi_decode_attention_ref  # noqa: E402
 
-SMOLLM2_KV = Path(__file__).resolve().parents[1] / "kernels" / "testdata" / "smollm2_kv.pt"
+SMOLLM2_KV = Path(__file__).resolve().parents[2] / "kernels" / "testdata" / "smollm2_kv.pt"
 
 
 def _case(k_seqs, v_seqs, bits, block_size, seed):

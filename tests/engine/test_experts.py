@@ -26,7 +26,7 @@ from backend.tokenizer import Tokenizer  # noqa: E402
 from kernels.moe_reference import grouped_experts  # noqa: E402
 
 E, H, I = 6, 8, 4
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_experts.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_experts.py"
 
 
 def make_cache(slots=2, layers=(0, 1, 2), top_k=2, prefetch=0, policy="lru", kernel="torch", seed=0,

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 
 from backend.kv_formats import make_format  # noqa: E402
 
-SMOLLM2_KV = Path(__file__).resolve().parents[1] / "kernels" / "testdata" / "smollm2_kv.pt"
+SMOLLM2_KV = Path(__file__).resolve().parents[2] / "kernels" / "testdata" / "smollm2_kv.pt"
 
 
 def _compare(k, v, block_ids, num_blocks, layers=None, tilts=(), **options):

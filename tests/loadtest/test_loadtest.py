@@ -21,7 +21,7 @@ from loadtest.report import PLOTS, build_summary, write_report
 from loadtest.sse import SSEParser, decode_triton_event
 from loadtest.tenants import Dist, load_tenants, parse_tenants
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def rec(piece_t, piece_tokens, t_end=None, tenant="chat", t_start=1000.0, **kw) -> RequestRecord:

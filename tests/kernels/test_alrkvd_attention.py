@@ -25,9 +25,9 @@ from kernels.alrkvd_attention import (  # noqa: E402
     alrkvd_decode_attention, alrkvd_decode_attention_ref, alrkvd_decode_blocks_ref, rope_ref,
 )
 
-from alrkvd_cases import build_alrkvd_case  # noqa: E402  (tests/alrkvd_cases.py)
+from alrkvd_cases import build_alrkvd_case  # noqa: E402  (tests/kernels/alrkvd_cases.py)
 
-SMOLLM2_KV = Path(__file__).resolve().parents[1] / "kernels" / "testdata" / "smollm2_kv.pt"
+SMOLLM2_KV = Path(__file__).resolve().parents[2] / "kernels" / "testdata" / "smollm2_kv.pt"
 
 
 def _random_case(lengths, num_kv_heads, gqa, head_dim, block_size, seed, **options):

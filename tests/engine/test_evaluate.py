@@ -13,7 +13,7 @@ import torch
 from backend import evaluate
 from backend.kv_formats import make_format
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WIKITEXT = os.path.join(REPO, "data", "wikitext-2-raw", "wiki.test.raw")
 
 

@@ -12,7 +12,7 @@ from backend.config import ModelConfig
 from backend.evaluate import _block_bytes
 from backend.kv_presets import PRESETS, resolve_kv
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = ModelConfig(model_type="llama", vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9,
                       num_kv_heads=3, head_dim=64, intermediate_size=1536)
 # block bytes per token as allocated when the book's figures were measured (its result files)

@@ -415,7 +415,7 @@ def test_greedy_output_equals_alrkvd_generate(triton_server, reference):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     config = requests.get(f"http://{triton_server.http_url}/v2/models/{triton_server.model}/config",
                           timeout=10, headers=CLOSE).json()
     params = {k: v["string_value"] for k, v in config["parameters"].items()}

@@ -1,5 +1,5 @@
 """ALR-KVD caches for the kernel tests, built through the format itself (backend.kv_formats): test code, not a
-kernel helper (kernels/ never imports the engine). Imported by tests/test_kernels_*.py as `alrkvd_cases`
+kernel helper (kernels/ never imports the engine). Imported by tests/kernels/test_*.py as `alrkvd_cases`
 (pytest puts tests/ on sys.path).
 """
 from __future__ import annotations
