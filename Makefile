@@ -13,8 +13,9 @@ SERVE_ARGS ?=
 PYTEST_ARGS ?=
 LOADTEST_ARGS ?=
 BENCH_ARGS ?=
+FUZZ_ARGS ?=
 
-.PHONY: setup serve test loadtest bench-triton clean-venv
+.PHONY: setup serve test loadtest fuzz bench-triton clean-venv
 
 setup: $(STAMP)
 
@@ -39,6 +40,11 @@ test: setup
 # The Locust suite (loadtest/) against a server it starts through tests' fixtures/launcher.
 loadtest: setup
 	$(PY) -m loadtest.run --out reports/loadtest $(LOADTEST_ARGS)
+
+# Thousands of malformed and random requests over HTTP and gRPC (loadtest/fuzz.py) against a server it
+# starts through the launcher; the summary (counts by outcome, examples) in reports/fuzz.json.
+fuzz: setup
+	$(PY) -m loadtest.fuzz --start-server --cases 3000 --out reports/fuzz.json $(FUZZ_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

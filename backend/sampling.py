@@ -1,13 +1,24 @@
 """Sampling parameters (validated at the door) and the per-step sampler."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 import torch
 
 MAX_STOP_STRINGS = 16
+SHOWN_CHARS = 80  # of a refused value, in its error message
 # Temperatures below this sample greedily: dividing logits by 1e-300 overflows to inf/NaN (vLLM's rule too).
 GREEDY_TEMPERATURE = 1e-5
+
+
+def _show(value) -> str:
+    """repr of a refused value for an error message: bounded, and never raising."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's 4,300-digit conversion limit
+        text = f"<int of {value.bit_length()} bits>" if isinstance(value, int) else f"<{type(value).__name__}>"
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text)} chars)"
 
 
 @dataclass(frozen=True)
@@ -32,10 +43,13 @@ class SamplingParams:
     @classmethod
     def from_dict(cls, d: dict, limits: RequestLimits | None = None) -> "SamplingParams":
         """Build from JSON-like input; ValueError names the offending key and value."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"sampling parameters must be a JSON object, not {type(d).__name__}")
         names = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - names)
+        unknown = sorted(map(_show, set(d) - names))  # keys of any type, shown and sorted as text
         if unknown:
-            raise ValueError(f"unknown sampling parameter(s) {unknown}; allowed: {sorted(names)}")
+            shown = ", ".join(unknown[:8]) + (f", ... ({len(unknown)} in all)" if len(unknown) > 8 else "")
+            raise ValueError(f"unknown sampling parameter(s) [{shown}]; allowed: {sorted(names)}")
         p = cls(**{k: v for k, v in d.items()})
         p.validate(limits)
         return p
@@ -45,7 +59,7 @@ class SamplingParams:
         vocab_size = limits.vocab_size if limits else None
 
         def bad(key, why):
-            raise ValueError(f"sampling parameter {key!r}={getattr(self, key)!r}: {why}")
+            raise ValueError(f"sampling parameter {key!r}={_show(getattr(self, key))}: {why}")
 
         def is_int(x):
             return isinstance(x, int) and not isinstance(x, bool)

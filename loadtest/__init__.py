@@ -10,4 +10,5 @@ locustfile.py  Locust entry: options, hooks, record sink (master/worker)
 report.py   summary.json, report.md, PNG plots from the raw files
 run.py      `python -m loadtest.run`: headless Locust run + report (`make loadtest`)
 kv_benchmark.py  A/B of KV-cache formats on the default model (BENCHMARKS.md)
+fuzz.py     `python -m loadtest.fuzz`: malformed and random requests over HTTP and gRPC, answers classified (`make fuzz`)
 """

@@ -24,7 +24,7 @@ import triton_python_backend_utils as pb_utils
 
 from engine_config import engine_args_from_config, server_options
 from triton_metrics import MetricsLogger, TritonMetrics
-from triton_request import INPUTS, OUTPUTS, GenerateRequest, RequestError, invalid, unavailable
+from triton_request import INPUTS, OUTPUTS, GenerateRequest, RequestError, invalid, to_triton, unavailable
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCEL_POLL_S = 0.1
@@ -128,8 +128,7 @@ class TritonPythonModel:
                 self._refuse(request, e)
                 continue
             except Exception as e:  # a parsing bug must not take the model down
-                self._refuse(request, RequestError(f"request parsing failed: {e!r}",
-                                                   pb_utils.TritonError.INTERNAL))
+                self._refuse(request, RequestError(f"request parsing failed: {e!r}", "INTERNAL"))
                 continue
             with self._lock:
                 self._inflight[req.request_id] = req
@@ -137,10 +136,10 @@ class TritonPythonModel:
         return None
 
     def _refuse(self, request, error: RequestError):
-        reason = "queue_full" if error.code == pb_utils.TritonError.UNAVAILABLE else "invalid"
+        reason = "queue_full" if error.code == "UNAVAILABLE" else "invalid"
         self.metrics.record_failure(reason)
         self._response_queue.put((request.get_response_sender(),
-                                  pb_utils.InferenceResponse(error=error.to_triton()), FINAL))
+                                  pb_utils.InferenceResponse(error=to_triton(error)), FINAL))
 
     # ---- the event loop ---------------------------------------------------------------------
     async def _generate(self, req: GenerateRequest):
@@ -154,7 +153,7 @@ class TritonPythonModel:
             self._fail(req, invalid(str(e)), "invalid")
         except Exception as e:
             self.logger.log_error(f"[alrkvd] request {req.request_id} failed: {e!r}")
-            self._fail(req, RequestError(f"engine error: {e}", pb_utils.TritonError.INTERNAL), "error")
+            self._fail(req, RequestError(f"engine error: {e}", "INTERNAL"), "error")
         finally:
             if not req.final_sent:  # cancelled, or ended without a final output
                 self._send(req, None, FINAL)
@@ -182,7 +181,7 @@ class TritonPythonModel:
 
     def _fail(self, req: GenerateRequest, error: RequestError, reason: str):
         self.metrics.record_failure(reason)
-        self._send(req, pb_utils.InferenceResponse(error=error.to_triton()), FINAL)
+        self._send(req, pb_utils.InferenceResponse(error=to_triton(error)), FINAL)
 
     def _send(self, req: GenerateRequest, response, flags: int):
         if flags & FINAL:

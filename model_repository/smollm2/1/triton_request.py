@@ -1,132 +1,46 @@
-"""Parsing and validation of one generate request, and building its responses.
+"""A Triton request's tensors -> `request_parsing.parse_inputs`, and the responses to it.
 
-Inputs and outputs follow Triton's vLLM backend, so its clients and tools work unchanged.
-Everything here runs before the engine sees the request: a bad request becomes a
-`RequestError` carrying the Triton error code, and never reaches the engine.
+The parsing itself is pure and lives in request_parsing.py; here are only the pieces that touch
+`triton_python_backend_utils`: reading the input tensors, the error and the responses.
 """
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-# (name, data_type, dims, optional) -- the vLLM backend's generate inputs and outputs.
-INPUTS = [
-    ("text_input", "TYPE_STRING", [1], False),
-    ("stream", "TYPE_BOOL", [1], True),
-    ("sampling_parameters", "TYPE_STRING", [1], True),
-    ("exclude_input_in_output", "TYPE_BOOL", [1], True),
-    ("return_finish_reason", "TYPE_BOOL", [1], True),
-    ("return_num_input_tokens", "TYPE_BOOL", [1], True),
-    ("return_num_output_tokens", "TYPE_BOOL", [1], True),
-]
-OUTPUTS = [
-    ("text_output", "TYPE_STRING", [-1]),
-    ("finish_reason", "TYPE_STRING", [-1]),
-    ("num_input_tokens", "TYPE_UINT32", [1]),
-    ("num_output_tokens", "TYPE_UINT32", [-1]),
-]
-ADDITIONAL_OUTPUTS = ("return_finish_reason", "return_num_input_tokens", "return_num_output_tokens")
-# Request keys that are not sampling parameters: set by Triton's frontends, or taken here.
-RESERVED_PARAMETER_PREFIX = "triton_"
-PRIORITY_KEY = "priority"
-MAX_PROMPT_BYTES = 1 << 20
+from request_parsing import (INPUTS, MAX_ID_CHARS, OUTPUTS, RequestError, invalid,  # noqa: F401 - model.py's
+                             parse_inputs, unavailable)
 
 
-class RequestError(Exception):
-    """A request refused before it reached the engine (or at its door, e.g. a full queue)."""
-
-    def __init__(self, message: str, code: int):
-        super().__init__(message)
-        self.code = code
-
-    def to_triton(self) -> "pb_utils.TritonError":
-        return pb_utils.TritonError(str(self), self.code)
+def to_triton(error: RequestError) -> "pb_utils.TritonError":
+    """The error a client sees. The message goes through pybind11 as UTF-8: a lone surrogate (from a JSON
+    "\\udXXX" escape) would raise there, so it is escaped."""
+    message = str(error).encode("utf-8", "backslashreplace").decode("utf-8")
+    return pb_utils.TritonError(message, getattr(pb_utils.TritonError, error.code))
 
 
-def invalid(message: str) -> RequestError:
-    return RequestError(message, pb_utils.TritonError.INVALID_ARG)
-
-
-def unavailable(message: str) -> RequestError:
-    return RequestError(message, pb_utils.TritonError.UNAVAILABLE)
-
-
-# ----------------------------------------------------------------------------------------------
-# Sampling parameters
-# ----------------------------------------------------------------------------------------------
-
-
-def _coerce(key: str, value, annotation: str):
-    """vLLM-backend clients send numbers as strings ({"temperature": "0.1"}); accept those.
-
-    Only a string that spells a value of the field's type is converted; anything else is left
-    for `SamplingParams.from_dict`, which rejects it with a message naming key and value.
-    """
-    if not isinstance(value, str):
-        return value
-    ann = annotation.replace(" ", "")
+def _utf8(read, what: str) -> str:
+    """`request.parameters()` or `request.request_id()`: pybind11 decodes Triton's bytes as UTF-8, and an
+    HTTP client can send invalid UTF-8 in a JSON string (Triton's JSON parser passes it through)."""
     try:
-        if ann in ("int", "int|None"):
-            return int(value)
-        if ann in ("float", "float|None"):
-            return float(value)
-        if ann in ("bool", "bool|None") and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-    except ValueError:
-        pass
-    return value
+        return read()
+    except UnicodeDecodeError as e:
+        raise invalid(f"{what} is not valid UTF-8: {e.reason} at byte {e.start}") from None
 
 
-def parse_sampling(raw: dict, sampling_cls, limits=None):
-    """Dict from the request -> (SamplingParams, priority); RequestError on bad keys/values."""
-    raw = {k: v for k, v in raw.items() if not k.startswith(RESERVED_PARAMETER_PREFIX)}
-    priority = raw.pop(PRIORITY_KEY, 0)
-    if isinstance(priority, str) and priority.lstrip("-").isdigit():
-        priority = int(priority)
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        raise invalid(f"sampling parameter 'priority'={priority!r}: must be an integer")
-    annotations = {f.name: str(f.type) for f in fields(sampling_cls)}
-    values = {k: _coerce(k, v, annotations[k]) if k in annotations else v for k, v in raw.items()}
-    try:
-        params = sampling_cls.from_dict(values, limits)
-    except (ValueError, TypeError) as e:
-        raise invalid(str(e)) from None
-    return params, priority
-
-
-# ----------------------------------------------------------------------------------------------
-# One request
-# ----------------------------------------------------------------------------------------------
-
-
-def _input(request, name: str):
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return None if tensor is None else tensor.as_numpy()
-
-
-def _bool_input(request, name: str) -> bool | None:
-    arr = _input(request, name)
-    if arr is None:
-        return None
-    if arr.size != 1:
-        raise invalid(f"input '{name}' must hold one boolean, got shape {list(arr.shape)}")
-    return bool(arr.reshape(-1)[0])
-
-
-def _string_input(request, name: str) -> bytes | None:
-    arr = _input(request, name)
-    if arr is None:
-        return None
-    if arr.size != 1:
-        raise invalid(f"input '{name}' must hold one string, got shape {list(arr.shape)}")
-    value = arr.reshape(-1)[0]
-    return value if isinstance(value, bytes) else str(value).encode("utf-8")
+def input_arrays(request) -> dict:
+    """The request's input tensors that this model declares, name -> numpy array."""
+    arrays = {}
+    for name, *_ in INPUTS:
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is not None:
+            arrays[name] = tensor.as_numpy()
+    return arrays
 
 
 @dataclass
@@ -154,49 +68,16 @@ class GenerateRequest:
 
     @classmethod
     def parse(cls, request, sampling_cls, limits=None) -> "GenerateRequest":
-        """`limits`: the engine's `RequestLimits`, so a request is validated once, here."""
-        # Read and check every input; raises RequestError (INVALID_ARG) naming the problem.
-        text = _string_input(request, "text_input")
-        if text is None:
-            raise invalid("input 'text_input' is required")
-        if len(text) > MAX_PROMPT_BYTES:
-            raise invalid(f"input 'text_input' has {len(text)} bytes; at most {MAX_PROMPT_BYTES}")
-        try:
-            prompt = text.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise invalid(f"input 'text_input' is not valid UTF-8: {e}") from None
-        if not prompt:
-            raise invalid("input 'text_input' is empty")
-
-        stream = bool(_bool_input(request, "stream"))
-        exclude = _bool_input(request, "exclude_input_in_output")
-        # The vLLM backend's rule: non-streamed output repeats the prompt unless excluded;
-        # streamed output never does.
-        prepend_input = (not exclude) if exclude is not None else not stream
-        if stream and prepend_input:
-            raise invalid("when streaming, 'exclude_input_in_output' = false is not allowed")
-
-        raw = dict(json.loads(request.parameters() or "{}"))
-        # The generate extension's optional request "id" reaches the model as a parameter (Triton 2.51).
-        generate_id = raw.pop("id", None)
-        sampling_json = _string_input(request, "sampling_parameters")
-        if sampling_json is not None:
-            try:
-                from_input = json.loads(sampling_json.decode("utf-8")) if sampling_json.strip() else {}
-            except (UnicodeDecodeError, ValueError) as e:
-                raise invalid(f"input 'sampling_parameters' is not valid JSON: {e}") from None
-            if not isinstance(from_input, dict):
-                raise invalid("input 'sampling_parameters' must be a JSON object")
-            raw.update(from_input)  # the input tensor wins over request parameters
-        params, priority = parse_sampling(raw, sampling_cls, limits)
-
-        triton_id = request.request_id() or (str(generate_id) if generate_id is not None else "req")
+        """Read the request's tensors and parameters, check them (request_parsing.parse_inputs);
+        RequestError (INVALID_ARG) naming the problem. `limits`: the engine's `RequestLimits`."""
+        p = parse_inputs(input_arrays(request), _utf8(request.parameters, "the request parameters"),
+                         sampling_cls, limits)
+        triton_id = (_utf8(request.request_id, "the request id") or p.generate_id or "req")[:MAX_ID_CHARS]
         return cls(
             sender=request.get_response_sender(),
             request_id=f"{triton_id}-{uuid.uuid4().hex[:12]}",
-            prompt=prompt, params=params, priority=priority, stream=stream,
-            prepend_input=prepend_input,
-            additional={k: bool(_bool_input(request, k)) for k in ADDITIONAL_OUTPUTS},
+            prompt=p.prompt, params=p.params, priority=p.priority, stream=p.stream,
+            prepend_input=p.prepend_input, additional=p.additional,
         )
 
     # ---- responses -----------------------------------------------------------------------
