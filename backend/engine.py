@@ -24,6 +24,7 @@ from backend.kv_formats import FORMATS
 from backend.kv_presets import PRESETS, resolve_kv
 from backend.loader import load_model
 from backend.sampling import RequestLimits, SamplingParams, sample
+from backend.step_cost import StepCost
 from backend.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
@@ -50,6 +51,8 @@ class EngineArgs:
     max_output_tokens: int | None = None  # a request's max_tokens at most this; None: max_model_len - 1
     max_num_seqs: int = 16             # running sequences
     max_num_batched_tokens: int = 512  # tokens per step (decode + prefill chunks)
+    max_step_ms: float | None = None   # stall-free batching: prefill chunks sized from measured step costs so a
+                                       # step beside running decodes lasts about this (backend/step_cost.py)
     max_queue_size: int = 256          # waiting requests (beyond max_num_seqs running) before QueueFullError
     scheduling_policy: str = "fcfs"    # "fcfs" or "priority" (lower value first)
     attention_backend: str = "auto"    # "auto": Triton decode kernels on CUDA; "torch": reference path
@@ -105,7 +108,11 @@ class LLMEngine:
                              f"or a preset {sorted(PRESETS)}")
         if args.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', not {args.scheduling_policy!r}")
+        if args.max_num_seqs > args.max_num_batched_tokens:
+            raise ValueError(f"max_num_seqs ({args.max_num_seqs}) must not exceed max_num_batched_tokens "
+                             f"({args.max_num_batched_tokens}): every running decode goes in every step")
         self.args = args
+        self.step_cost = StepCost(args.max_step_ms) if args.max_step_ms is not None else None
         torch.manual_seed(args.seed)
         self.model = load_model(args.model, args.load_format, args.device, args.dtype, args.seed,
                                 args.expert_budget_bytes, args.expert_prefetch, args.expert_policy,
@@ -122,6 +129,7 @@ class LLMEngine:
         self.ids = itertools.count()
         self.num_preemptions = 0
         self.scheduled: list[Sequence] = []  # the sequences of the step under way
+        self.plan: list[tuple[Sequence, int]] = []  # the last step's (sequence, tokens)
         self.reset_cache(args.kv_format, args.kv_options, args.kv_budget_bytes, args.max_num_seqs)
 
     def reset_cache(self, kv_format: str, kv_options: dict, budget_bytes: int, max_num_seqs: int):
@@ -197,17 +205,31 @@ class LLMEngine:
         self.num_preemptions += 1
 
     def schedule(self) -> list[tuple[Sequence, int]]:
-        budget = self.args.max_num_batched_tokens
-        scheduled: list[tuple[Sequence, int]] = []
+        """The step's plan, (sequence, tokens): every running decode first, so no stream waits for a
+        prompt; then prompt chunks (running ones, then newly admitted) within the token budget, which
+        `max_step_ms` shrinks to what the measured step costs allow."""
         self.running = self._order(self.running)
-        for seq in list(self.running):
-            if budget == 0:
-                break
+        scheduled: list[tuple[Sequence, int]] = []
+        for seq in [s for s in self.running if s.num_pending == 1]:
             if seq not in self.running:  # preempted below to make room for an earlier one
                 continue
-            n = min(seq.num_pending, budget)
-            while not self.cache.can_allocate(seq.kv, n):
+            while not self.cache.can_allocate(seq.kv, 1):
                 victim = self.running[-1]
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            if seq in self.running:
+                self.cache.allocate(seq.kv, 1)
+                scheduled.append((seq, 1))
+        budget = self.args.max_num_batched_tokens - len(scheduled)
+        if self.step_cost is not None:
+            budget = self.step_cost.prefill_budget(len(scheduled), self.args.max_num_batched_tokens)
+        for seq in [s for s in self.running if s.num_pending > 1]:
+            n = min(seq.num_pending, budget)
+            if n == 0 or seq not in self.running:
+                continue
+            while not self.cache.can_allocate(seq.kv, n):  # preempt the newest, never a scheduled decode
+                victim = next(s for s in reversed(self.running) if all(s is not t for t, _ in scheduled))
                 self._preempt(victim)
                 if victim is seq:
                     break
@@ -244,11 +266,21 @@ class LLMEngine:
             return self._step()
 
     def _step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
         self.scheduled = []
         scheduled = self.schedule()
         self.scheduled = [seq for seq, _ in scheduled]
+        self.plan = scheduled
         if not scheduled:
             return []
+        outputs = self._run(scheduled)
+        if self.step_cost is not None:  # the step's tokens have synchronised: its wall time is its cost
+            num_decode = sum(1 for _, n in scheduled if n == 1)
+            self.step_cost.observe(num_decode, sum(n for _, n in scheduled) - num_decode,
+                                   (time.perf_counter() - start) * 1e3)
+        return outputs
+
+    def _run(self, scheduled: list[tuple[Sequence, int]]) -> list[RequestOutput]:
         device = self.args.device
         tokens, positions, last = [], [], []
         for seq, n in scheduled:

@@ -108,7 +108,7 @@ def load_engine(args, num_seqs: int = 1):
     from backend.engine import EngineArgs, LLMEngine
     eargs = EngineArgs(model=args.model, device=args.device, dtype=args.dtype, kv_format="fp16",
                        kv_options={}, kv_budget_bytes=16 << 20, max_num_seqs=num_seqs,
-                       max_num_batched_tokens=max(args.chunk, 1))
+                       max_num_batched_tokens=max(args.chunk, num_seqs))
     return LLMEngine(eargs)
 
 

@@ -1,0 +1,95 @@
+"""Stall-free batching under load: the same Locust load (loadtest/tenants_mixed.yaml: chats streaming
+while documents arrive) against the default model as configured, then with `max_step_ms` set, one server,
+one run. The chat tenant's inter-token latency p99 against its p50 says whether prompts stall streams.
+
+    python -m benchmarks.bench_stall_free --target-ms 150 --users 6 --run-time 180s --out reports/stall_free
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import tempfile
+from pathlib import Path
+
+from loadtest import run as lt_run
+from server.serve import TritonLauncher
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BASE = REPO_ROOT / "model_repository" / "smollm2"
+
+
+def write_variant(repo: Path, name: str, params: dict) -> None:
+    text = (BASE / "config.pbtxt").read_text().replace('name: "smollm2"', f'name: "{name}"')
+    for key, value in params.items():
+        text = text.replace("parameters: [\n", f'parameters: [\n  {{ key: "{key}", value: {{ string_value: "{value}" }} }},\n')
+    (repo / name).mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(text)
+    (repo / name / "1").symlink_to(BASE / "1", target_is_directory=True)
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def tenant_figures(summary_path: Path) -> dict:
+    tenants = json.loads(summary_path.read_text())["tenants"]
+    chat, doc = tenants["chat"], tenants["document"]
+    if not chat["ok"] or not doc["ok"]:
+        raise SystemExit(f"{summary_path}: no chat or document request finished; run longer (--run-time)")
+    return {"chat_requests": chat["ok"], "chat_failed": chat["failed"],
+            "chat_itl_p50_ms": chat["itl_ms"]["p50"], "chat_itl_p99_ms": chat["itl_ms"]["p99"],
+            "chat_itl_p99_over_p50": chat["itl_ms"]["p99"] / chat["itl_ms"]["p50"] if chat["itl_ms"]["count"] else None,
+            "chat_ttft_p50_ms": chat["ttft_ms"]["p50"], "document_requests": doc["ok"],
+            "document_failed": doc["failed"], "document_ttft_p50_ms": doc["ttft_ms"]["p50"]}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_stall_free", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target-ms", type=float, required=True, help="max_step_ms of the stall-free arm")
+    p.add_argument("--users", type=int, default=6)
+    p.add_argument("--run-time", default="180s")
+    p.add_argument("--warmup", default="20s")
+    p.add_argument("--tenants", default=str(REPO_ROOT / "loadtest" / "tenants_mixed.yaml"))
+    p.add_argument("--out", type=Path, default=Path("reports/stall_free"))
+    a = p.parse_args(argv)
+    arms = {"smollm2_base": {}, "smollm2_stallfree": {"max_step_ms": a.target_ms}}
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="alrkvd-stallfree-") as tmp:
+        repo = Path(tmp) / "model_repository"
+        for name, params in arms.items():
+            write_variant(repo, name, params)
+        http, grpc, metrics = free_ports(3)
+        launcher = TritonLauncher(model_repository=repo, host="127.0.0.1", http_port=http, grpc_port=grpc,
+                                  metrics_port=metrics)
+        log = open(Path(tmp) / "tritonserver.log", "wb")
+        launcher.start(stdout=log, stderr=log)
+        try:
+            launcher.wait_until_ready(900)
+            for name in arms:  # one after the other: the arms never share the CPU
+                rc = lt_run.main(["--host", f"http://{launcher.http_url}", "--grpc-url", launcher.grpc_url,
+                                  "--server", "never", "--tenants", a.tenants, "--model", name, "--shape", "fixed",
+                                  "--users", str(a.users), "--run-time", a.run_time, "--warmup", a.warmup,
+                                  "--out", str(a.out / name)])
+                if rc != 0:
+                    raise SystemExit(f"load test against {name} failed ({rc})")
+                results[name] = {"params": arms[name], **tenant_figures(a.out / name / "summary.json")}
+        finally:
+            launcher.stop()
+    (a.out / "summary.json").write_text(json.dumps({"users": a.users, "run_time": a.run_time, "arms": results},
+                                                   indent=1) + "\n")
+    print(f"{'arm':<18} {'chat ITL p50':>12} {'p99':>8} {'p99/p50':>8} {'chat TTFT p50':>13} {'doc TTFT p50':>12}")
+    for name, r in results.items():
+        print(f"{name:<18} {r['chat_itl_p50_ms']:>10.0f}ms {r['chat_itl_p99_ms']:>6.0f}ms "
+              f"{r['chat_itl_p99_over_p50']:>8.1f} {r['chat_ttft_p50_ms']:>11.0f}ms {r['document_ttft_p50_ms']:>10.0f}ms")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

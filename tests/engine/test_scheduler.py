@@ -1,0 +1,73 @@
+"""Stall-free batching: every running decode is in every step, prompts progress in chunks within the
+token budget (and within `max_step_ms` when set), and mixing prompts in does not change greedy tokens."""
+import pytest
+
+from backend.engine import EngineArgs, LLMEngine
+from backend.sampling import SamplingParams
+from backend.step_cost import StepCost
+
+CHAT = "The capital of France is"
+DOCUMENT = " ".join(["The history of the city goes back to a small settlement on the river bank."] * 40)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return LLMEngine(EngineArgs(model="default", kv_format="full", max_num_seqs=4, max_num_batched_tokens=64))
+
+
+def greedy(n):
+    return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+
+
+def run_checking_plans(engine, arrivals, budget=None):
+    """arrivals: {step: [(request_id, prompt, max_tokens)]}. Steps the engine, checking each step's plan;
+    returns {request_id: token_ids}."""
+    outputs, step = {}, 0
+    while engine.has_unfinished() or any(s >= step for s in arrivals):
+        for rid, prompt, n in arrivals.get(step, []):
+            engine.add_request(prompt, greedy(n), request_id=rid)
+        decoding = [s for s in engine.running if s.num_pending == 1]
+        for out in engine.step():
+            outputs[out.request_id] = out.token_ids
+        planned = {s.request_id: n for s, n in engine.plan}
+        assert all(s.request_id in planned for s in decoding), f"step {step}: a decode waited for a prompt"
+        assert sum(planned.values()) <= engine.args.max_num_batched_tokens
+        prefill = sum(n for s, n in engine.plan if s not in decoding)
+        if budget is not None and decoding:
+            assert prefill <= budget, f"step {step}: {prefill} prompt tokens beside decodes"
+        step += 1
+    assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
+    return outputs
+
+
+def test_decodes_never_wait_and_tokens_do_not_change(engine):
+    alone = run_checking_plans(engine, {0: [("chat", CHAT, 24)]})
+    # two long documents arrive while the chat decodes: each takes several 64-token steps
+    mixed = run_checking_plans(engine, {0: [("chat", CHAT, 24)], 3: [("doc1", DOCUMENT, 4)],
+                                        5: [("doc2", DOCUMENT, 4)]})
+    assert mixed["chat"] == alone["chat"]
+    assert len(mixed["doc1"]) == len(mixed["doc2"]) == 4
+
+
+def test_step_target_keeps_chunks_small_beside_decodes():
+    """A target below what any prompt token costs leaves prompts the minimal chunk while decodes run,
+    and they still finish."""
+    engine = LLMEngine(EngineArgs(model="default", kv_format="full", max_num_seqs=4, max_num_batched_tokens=256,
+                                  max_step_ms=1e-3))
+    out = run_checking_plans(engine, {0: [("chat", CHAT, 30)], 2: [("doc", DOCUMENT, 3)]},
+                             budget=engine.step_cost.min_chunk)
+    assert len(out["doc"]) == 3 and len(out["chat"]) == 30
+    assert engine.step_cost.decode_ms > 0 and engine.step_cost.prefill_ms_per_token > 0
+
+
+def test_step_cost_budget():
+    cost = StepCost(target_ms=50, min_chunk=16)
+    assert cost.prefill_budget(num_decode=0, max_tokens=512) == 512   # nobody streams: take the room
+    assert cost.prefill_budget(num_decode=4, max_tokens=512) == 16    # nothing measured: minimal chunk
+    cost.observe(num_decode=4, num_prefill=0, ms=10.0)
+    cost.observe(num_decode=4, num_prefill=100, ms=30.0)              # 0.2 ms per prompt token over the decodes
+    assert cost.prefill_budget(num_decode=4, max_tokens=512) == 200   # (50 - 10) / 0.2
+    assert cost.prefill_budget(num_decode=4, max_tokens=100) == 96    # the step's token budget still holds
+    for _ in range(40):                                               # decodes alone now past the target
+        cost.observe(num_decode=4, num_prefill=0, ms=60.0)
+    assert cost.prefill_budget(num_decode=4, max_tokens=512) == 16    # prompts still progress
