@@ -36,12 +36,6 @@ def attention_probs(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | No
     return scores.softmax(-1)
 
 
-def attention_entropy(p: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
-    """Mean entropy (nats) of attention rows p [Hq, n, L], per kv head [Hkv]."""
-    entropy = -(p * p.clamp_min(1e-30).log()).sum(-1).mean(-1)   # [Hq]
-    return entropy.view(num_kv_heads, -1).mean(-1)
-
-
 @dataclass
 class SeqKV:
     block_table: list[int] = field(default_factory=list)
@@ -319,12 +313,9 @@ class PagedKVCache:
             o = F.scaled_dot_product_attention(q[start:start + n].transpose(0, 1), keys, values,
                                                attn_mask=mask, enable_gqa=True)
             out[start:start + n] = o.transpose(0, 1)
-            entropy = n > 1 and getattr(self.format, "observes_entropy", False)
-            p = attention_probs(q[start:start + n], keys, mask) if entropy or self.window_attn is not None else None
-            if entropy:
-                self.format.observe_attention_entropy(layer, attention_entropy(p, keys.shape[0]))
             received = None
             if self.window_attn is not None:  # per kv head, the mean over its query heads, summed over queries
+                p = attention_probs(q[start:start + n], keys, mask)                    # [Hq, n, P + n]
                 received = p.sum(1).view(keys.shape[0], -1, P + n).mean(1).t()          # [P + n, Hkv]
                 old = P % self.block_size  # tokens already in the window
                 self.window_attn[layer, seq.window_slot, :old] += received[P - old:P]

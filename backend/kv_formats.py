@@ -437,8 +437,7 @@ class ALRKVDFormat(KVFormat):
     Per (layer, block) and per stream s in (K head 0..H-1, V head 0..H-1), X_s [T, D] (keys before RoPE):
       1. SVD X_s = U S W^T (the block's own data).  The ranks r_s of all 2H streams share a fixed budget
          ``rank_budget`` (total rows per block, so the block has a fixed size): water-filling on the
-         normalized energy S_i^2 / sum S^2 (keys weighted by ``key_weight`` and by an optional per-head tilt,
-         e.g. from attention entropy), each r_s within [rank_min, rank_max].
+         normalized energy S_i^2 / sum S^2 (keys weighted by ``key_weight``), each r_s within [rank_min, rank_max].
       2. Basis rows W_s[:, :r_s]^T stored int8 with one fp16 scale per row; latents L = X_s B^T (with the
          dequantized basis B) stored with ``latent_bits`` asymmetric codes, fp16 scale and zero per row.
       3. Residual E = X_s - L_hat B, rotated by a fixed randomized Hadamard matrix R (E R), quantized with
@@ -476,7 +475,6 @@ class ALRKVDFormat(KVFormat):
         "exact_tokens": (int, 0),        # per block, the tokens with the largest residual energy kept exactly (fp16)
         "key_frame": (str, "pre_rope"),  # keys compressed before RoPE (pre_rope), the residual after it (post_rope),
                                          # or basis, latents and residual all after it (rotated: no RoPE in a kernel)
-        "entropy_tilt": (float, 0.0),    # rank weight of a head's streams x (its attention entropy / mean)^this; 0: off
         "basis_solver": (str, "eigh"),   # eigh: exact, on the CPU | subspace: top rank_max + 8 directions, on the data's device
         "v_low_tokens": (int, 0),        # per block and kv head: the least salient tokens get v_low_bits values
         "v_low_bits": (int, 2),
@@ -558,7 +556,6 @@ class ALRKVDFormat(KVFormat):
             self._alloc("exact_k", (n, H, D), torch.float16)
             self._alloc("exact_v", (n, H, D), torch.float16)
         self._rot = rotation_matrix(D, o["seed"]).to(self.device) if o["rotate"] else None
-        self._head_tilt = torch.ones(self.num_layers, 2 * H, device=self.device)
         self._rotary = None
 
     def set_rotary(self, rotary) -> None:
@@ -602,28 +599,7 @@ class ALRKVDFormat(KVFormat):
         return 1.4 * math.sqrt(d)
 
     # -- rank allocation ---------------------------------------------------------------------------------
-    def set_head_tilt(self, layer: int, weights: torch.Tensor) -> None:
-        """Optional per-stream energy weights ([2H] or [H] for keys only) for the rank water-filling of later
-        blocks of ``layer`` (e.g. from attention entropy: sharper heads get more key rank)."""
-        w = torch.as_tensor(weights, dtype=torch.float32).flatten()
-        H = self.num_kv_heads
-        if w.numel() == H:
-            w = torch.cat([w, torch.ones(H)])
-        self._head_tilt[layer] = w.to(self._head_tilt.device)
-
-    @property
-    def observes_entropy(self) -> bool:
-        return self.options["entropy_tilt"] != 0
-
-    def observe_attention_entropy(self, layer: int, entropy: torch.Tensor) -> None:
-        """Mean attention entropy [H] of each kv head's query rows (the cache measures it on prefill
-        chunks): broad heads (high entropy) get more rank in later blocks of ``layer``, sharp heads less."""
-        e = entropy.float().cpu().clamp_min(1e-3)
-        t = (e / e.mean()) ** self.options["entropy_tilt"]
-        self.set_head_tilt(layer, torch.cat([t, t]))
-
-    def allocate_ranks(self, svals: torch.Tensor, tilt: torch.Tensor | None = None,
-                       total: torch.Tensor | None = None) -> torch.Tensor:
+    def allocate_ranks(self, svals: torch.Tensor, total: torch.Tensor | None = None) -> torch.Tensor:
         """Water-filling: svals [..., 2H, m] descending -> ranks [..., 2H] (long, on svals' device) summing to
         rank_budget, each in [rank_min, rank_max], maximizing the captured (weighted, normalized) energy.
         ``total`` [..., 2H]: each stream's whole energy (sum of all squared singular values) when svals holds
@@ -635,8 +611,6 @@ class ALRKVDFormat(KVFormat):
         H = self.num_kv_heads
         w = torch.ones(2 * H, device=e.device)   # made on the device: no host-to-device copy (a sync)
         w[:H] = o["key_weight"]
-        if tilt is not None:                      # [2H], or per block [..., 2H]
-            w = w * tilt.to(e.device)
         e = e * w[..., None]
         lo, hi = o["rank_min"], min(o["rank_max"], svals.shape[-1])
         ranks = torch.full(e.shape[:-1], lo, dtype=torch.long, device=e.device)
@@ -649,12 +623,11 @@ class ALRKVDFormat(KVFormat):
             ranks.scatter_add_(-1, top // (hi - lo), torch.ones_like(top))
         return ranks
 
-    def quantized_basis(self, layer, svals: torch.Tensor, vh: torch.Tensor, total: torch.Tensor):
+    def quantized_basis(self, svals: torch.Tensor, vh: torch.Tensor, total: torch.Tensor):
         """Blocks' bases from their `_svd` (svals [..., 2H, m], vh [..., 2H, m, D], total [..., 2H]): ranks
         [..., 2H] by water-filling, the leading rows of each stream [..., R, D] as symmetric ``basis_bits``
-        codes (float) and their fp16 scales [..., R]. Leading dims are independent blocks (no host sync);
-        ``layer``: theirs, an int or a tensor of the leading shape."""
-        ranks = self.allocate_ranks(svals, self._head_tilt[layer], total)
+        codes (float) and their fp16 scales [..., R]. Leading dims are independent blocks (no host sync)."""
+        ranks = self.allocate_ranks(svals, total)
         # budget row r belongs to the stream whose [start, end) holds it, as that stream's row r - start
         ends = ranks.cumsum(-1)
         r = torch.arange(self.options["rank_budget"], device=ranks.device).expand(*ranks.shape[:-1], -1).contiguous()
@@ -739,7 +712,7 @@ class ALRKVDFormat(KVFormat):
         X = torch.cat([keys, v.float()], dim=1).permute(1, 0, 2).contiguous()       # [2H, T, D]
         rec = torch.zeros_like(X)
         if R > 0:
-            ranks, bq, bscale = self.quantized_basis(layer, *self._svd(X))
+            ranks, bq, bscale = self.quantized_basis(*self._svd(X))
             B = bq * bscale.float()[:, None]                                          # dequantized [R, D]
             owner = torch.repeat_interleave(torch.arange(2 * H, device=X.device), ranks)  # stream of each row
             lat = torch.einsum("rtd,rd->tr", X[owner], B)                             # [T, R]
@@ -818,19 +791,19 @@ class ALRKVDFormat(KVFormat):
             v = v.float()
         layers = device_indices(layer if isinstance(layer, (list, tuple)) else [layer] * n, k.device)
         rows = layers * self.ranks.shape[1] + device_indices(block_ids, k.device)  # in the (layer, block)-flattened storage
-        self._basis_rows(layers, rows, k, v)
+        self._basis_rows(rows, k, v)
         post = opts.post_rope
         alrkvd_compress(opts, self.named_tensors(), rows, k, v,
                         start_pos=device_indices(start_pos, k.device) if post else None,
                         cos=self._rotary.cos if post else None, sin=self._rotary.sin if post else None, rot=self._rot)
 
-    def _basis_rows(self, layers: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Batched SVD, rank allocation and 8-bit basis of `encode` for blocks of any layers (`layers` [n]),
-        written to ranks/basis/basis_scale at `rows` [n] of their (layer, block)-flattened views."""
+    def _basis_rows(self, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Batched SVD, rank allocation and 8-bit basis of `encode` for blocks of any layers, written to
+        ranks/basis/basis_scale at `rows` [n] of their (layer, block)-flattened views."""
         x = torch.cat([k.float(), v.float()], dim=2).permute(0, 2, 1, 3)  # [n, 2H, T, D]
         # the format's own decomposition (batched over blocks here) and basis, as encode uses them
         svals, vh, total = (t.unflatten(0, x.shape[:2]) for t in self._svd(x.flatten(0, 1)))
-        ranks, bq, bscale = self.quantized_basis(layers, svals, vh, total)
+        ranks, bq, bscale = self.quantized_basis(svals, vh, total)
         self.ranks.flatten(0, 1)[rows] = ranks.to(torch.int16)
         self.basis.flatten(0, 1)[rows] = bq.to(torch.int8)
         self.basis_scale.flatten(0, 1)[rows] = bscale
