@@ -3,12 +3,13 @@ storage layouts the kernels read: docs/ALRKVD.md. Read on CUDA by kernels/alrkvd
 kernels/alrkvd_compress.py."""
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from backend import trellis
-from backend.kv_formats.base import KVFormat
+from backend.kv_formats.base import FormatKernels, KVFormat
 from backend.kv_formats.codecs import (LOG_SCALE_STEPS, dequant_scaled, log_scale_base, log_scale_code,
                                        log_scale_round, quant_scaled, rotation_matrix, subspace_eigh, to_bool)
 from kernels.codecs import dequant_asym, pack_bits, packed_len, quant_asym, unpack_bits
@@ -336,6 +337,19 @@ class ALRKVDFormat(KVFormat):
                 getattr(self, f"{kv}_rzero")[layer, block_id] = z
             if base is not None:
                 getattr(self, f"{kv}_rbase")[layer, block_id] = base
+
+    def kernels(self, max_num_seqs):
+        """The decode kernel (kernels/alrkvd_attention.py) and, with it, the compression kernel (`encode_with_kernel`)
+        for the options the decode kernel reads."""
+        from kernels.alrkvd_attention import AlrkvdLayer, alrkvd_decode_attention
+        try:
+            layers = [AlrkvdLayer.from_format(self, i) for i in range(self.num_layers)]
+        except NotImplementedError as e:  # options the kernel does not read
+            return self._no_kernels(str(e))
+        # the kernel's merge tickets, zeros between calls: held here so a CUDA graph holds no memset
+        tickets = torch.zeros(max_num_seqs * self.num_kv_heads, dtype=torch.int32, device=self.device)
+        return FormatKernels(functools.partial(alrkvd_decode_attention, tickets=tickets), layers,
+                             self.encode_with_kernel)
 
     def compress_options(self):
         """The options the Triton compression kernel reads (kernels/alrkvd_compress.py); NotImplementedError for

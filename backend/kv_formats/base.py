@@ -1,13 +1,25 @@
-"""The base of the KV formats: fixed-size storage per (layer, block), its accounting, and the data path
-the paged cache calls (`write` for page-addressed formats, `encode` / `encode_blocks` for windowed ones,
-`decode`, `roundtrip`)."""
+"""The base of the KV formats: fixed-size storage per (layer, block), its accounting, the data path the
+paged cache calls (`write` for page-addressed formats, `encode` / `encode_blocks` for windowed ones, `decode`,
+`roundtrip`), and the Triton kernels that read and write the storage (`kernels`)."""
 from __future__ import annotations
 
-from typing import Any, Callable
+import logging
+from typing import Any, Callable, NamedTuple
 
 import torch
 
 from backend.kv_formats.codecs import parse_options
+
+logger = logging.getLogger(__name__)
+
+
+class FormatKernels(NamedTuple):
+    """The Triton kernels (kernels/) of one format's storage, as PagedKVCache calls them (on CUDA only)."""
+    decode: Callable             # decode attention over the paged blocks (and the window, for windowed formats)
+    layers: list                 # per layer, the storage `decode` reads: (k_cache, v_cache) for page-addressed
+                                 # formats, a view object (kernels.*_attention.*Layer) for windowed ones
+    compress: Callable | None = None  # windowed formats: full blocks into the storage (the contract of
+                                      # ALRKVDFormat.encode_with_kernel); None: the format's encode
 
 
 class KVFormat:
@@ -77,6 +89,19 @@ class KVFormat:
     def describe(self) -> str:
         opts = ",".join(f"{k}={v}" for k, v in self.options.items())
         return f"{self.name}({opts})" if opts else self.name
+
+    # -- kernels ----------------------------------------------------------------------------------------
+    def kernels(self, max_num_seqs: int) -> FormatKernels | None:
+        """The Triton kernels that read and write this format's storage, or None: no kernel reads this format,
+        or not with these options (the reason is logged). ``max_num_seqs``: the most sequences of a decode step.
+        The layers are views made on any device; the kernels run on CUDA. Kernel modules are imported here, when
+        asked for: Triton decides at import whether a kernel is compiled or interpreted (kernels/testing.py)."""
+        return self._no_kernels(f"no kernel reads {self.name}")
+
+    def _no_kernels(self, reason: str) -> None:
+        if self.device.type == "cuda":  # elsewhere no kernel runs anyway
+            logger.info("kv format %s: %s; decode attention takes the PyTorch path", self.name, reason)
+        return None
 
     # -- data path --------------------------------------------------------------------------------------
     def write(self, layer: int, block_ids: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from backend.kv_formats.base import KVFormat
+from backend.kv_formats.base import FormatKernels, KVFormat
 
 
 class FullFormat(KVFormat):
@@ -32,6 +32,11 @@ class FullFormat(KVFormat):
         H, D = self.num_kv_heads, self.head_dim
         return (self.k_cache[layer, b].reshape(-1, H, D).to(self.dtype),
                 self.v_cache[layer, b].reshape(-1, H, D).to(self.dtype))
+
+    def kernels(self, max_num_seqs):
+        from kernels.paged_attention import paged_decode_attention
+        layers = [(self.k_cache[i], self.v_cache[i]) for i in range(self.num_layers)]
+        return FormatKernels(paged_decode_attention, layers)
 
 
 class FP16Format(FullFormat):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from backend.kv_formats.base import KVFormat
+from backend.kv_formats.base import FormatKernels, KVFormat
 from kernels.codecs import kivi_dequantize, pack_bits, packed_len, quant_asym
 
 
@@ -65,6 +65,14 @@ class KIVIFormat(KVFormat):
         return k.to(self.dtype), v.to(self.dtype)
 
     dequantize = staticmethod(kivi_dequantize)   # also the reference of the KIVI decode kernel
+
+    def kernels(self, max_num_seqs):
+        from kernels.kivi_attention import KiviLayer, kivi_decode_attention
+        try:
+            layers = [KiviLayer.from_format(self, i) for i in range(self.num_layers)]
+        except NotImplementedError as e:  # options the kernel does not read
+            return self._no_kernels(str(e))
+        return FormatKernels(kivi_decode_attention, layers)
 
 
 def kivi_format(bits: int) -> type[KIVIFormat]:

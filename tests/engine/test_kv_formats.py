@@ -526,6 +526,30 @@ def test_sink_tokens_are_kept_exactly_and_counted():
             _cache(name, o)
 
 
+def test_each_format_names_its_kernels():
+    """PagedKVCache takes its kernels from the format: None where no kernel reads the format or its options."""
+    from kernels.alrkvd_attention import AlrkvdLayer, kernel_options
+    from kernels.kivi_attention import KiviLayer, kivi_decode_attention
+    from kernels.paged_attention import paged_decode_attention
+
+    def kernels(name, **opts):
+        return make_format(name, L, H, D, torch.float16, "cpu", 2, **opts).kernels(max_num_seqs=4)
+
+    for name in ("full", "fp16"):
+        paged = kernels(name)
+        assert paged.decode is paged_decode_attention and paged.compress is None and len(paged.layers) == L
+        k_cache, v_cache = paged.layers[1]
+        assert k_cache.shape == (2, 16, H, D) and v_cache.shape == (2, 16, H, D)
+    kivi = kernels("kivi4")
+    assert kivi.decode is kivi_decode_attention and kivi.compress is None
+    assert all(isinstance(x, KiviLayer) for x in kivi.layers)
+    alrkvd = kernels("alrkvd", **kernel_options(D))
+    assert all(isinstance(x, AlrkvdLayer) for x in alrkvd.layers) and alrkvd.compress is not None
+    assert alrkvd.decode.keywords["tickets"].shape == (4 * H,)
+    for name, opts in [("int8", {}), ("kivi3", {}), ("alrkvd", {})]:  # none, or options no kernel reads
+        assert kernels(name, **opts) is None, name
+
+
 def test_alrkvd_storage_is_laid_out_for_the_decode_kernel():
     # the kernel reads a stream's latents and a head's residual scales as runs of contiguous tokens; the
     # logical shapes stay [T, R] and [T, H, G], and each tensor is dense (no byte allocated twice or unused)
