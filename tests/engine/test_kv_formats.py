@@ -1,4 +1,4 @@
-"""KV formats (backend/kv_formats.py): bit packing, error bounds on random and real SmolLM2 keys/values,
+"""KV formats (backend/kv_formats/): bit packing, error bounds on random and real SmolLM2 keys/values,
 attention through the paged cache over compressed blocks, per-head ranks, memory accounting and the
 independence of segments (basis refresh never touches older blocks)."""
 from __future__ import annotations
