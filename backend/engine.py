@@ -44,7 +44,7 @@ class EngineArgs:
     device: str = "cpu"
     dtype: str = "auto"                # float32 on CPU, bfloat16 on CUDA
     weight_dtype: str = "auto"         # "float16" (CPU): linear weights in fp16, half the bytes per step
-    kv_format: str = "fp16"            # a format (backend/kv_formats.py) or a preset (backend/kv_presets.py)
+    kv_format: str = "fp16"            # a format (backend/kv_formats/) or a preset (backend/kv_presets.py)
     kv_options: dict = field(default_factory=dict)
     kv_budget_bytes: int = 256 << 20
     max_model_len: int | None = None   # defaults to the model's context length

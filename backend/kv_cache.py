@@ -9,7 +9,6 @@ of a page-addressed format writes every sequence's token at once and attends in 
 """
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass, field
 
@@ -34,12 +33,6 @@ def attention_probs(q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | No
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return scores.softmax(-1)
-
-
-def attention_entropy(p: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
-    """Mean entropy (nats) of attention rows p [Hq, n, L], per kv head [Hkv]."""
-    entropy = -(p * p.clamp_min(1e-30).log()).sum(-1).mean(-1)   # [Hq]
-    return entropy.view(num_kv_heads, -1).mean(-1)
 
 
 @dataclass
@@ -118,7 +111,8 @@ class PagedKVCache:
         self.allocator = BlockAllocator(num_blocks)
         self.free_slots = list(range(num_slots - 1, -1, -1))
         self.kv_format = kv_format
-        # Fused decode attention on CUDA (kernels/); the PyTorch path everywhere else and for prefill.
+        # Fused decode attention on CUDA (kernels/): the format's kernels; the PyTorch path everywhere else and for
+        # prefill. The views of its storage that they read are made on every device (a test swaps in the references).
         if attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be auto, torch or triton, not {attention_backend!r}")
         self.decode_kernel = None
@@ -127,39 +121,18 @@ class PagedKVCache:
         self._filled = []            # blocks this decode step filled, compressed at commit
         self._compressing = None     # the event of the side stream's last compression
         # the decode kernels do not read the sink: with it, the PyTorch path
-        self.kernel_layers = None if self.sink_tokens else self._kernel_views(kv_format, cfg.num_layers)
+        self.kernels = None if self.sink_tokens else self.format.kernels(max_num_seqs)
+        self.kernel_layers = self.kernels.layers if self.kernels is not None else None
         if str(device).startswith("cuda") and attention_backend != "torch":
             if self.sink_tokens:
                 logger.warning("sink_tokens=%d: the decode kernels do not read the sink, so decode steps take "
                                "the PyTorch path", self.sink_tokens)
-            if kv_format in ("full", "fp16"):
-                from kernels.paged_attention import paged_decode_attention
-                self.decode_kernel = paged_decode_attention
-            elif self.kernel_layers is not None and kv_format == "alrkvd":
-                from kernels.alrkvd_attention import alrkvd_decode_attention
-                # the kernel's merge tickets, zeros between calls: held here so a CUDA graph holds no memset
-                tickets = torch.zeros(max_num_seqs * cfg.num_kv_heads, dtype=torch.int32, device=device)
-                self.decode_kernel = functools.partial(alrkvd_decode_attention, tickets=tickets)
-                self.compress = self._compress_kernel
-                if compress_stream:  # blocks filled by decode steps: compressed behind the attention
-                    self.compress_stream = torch.cuda.Stream(device)
-            elif self.kernel_layers is not None:
-                from kernels.kivi_attention import kivi_decode_attention
-                self.decode_kernel = kivi_decode_attention
-
-    def _kernel_views(self, kv_format: str, num_layers: int):
-        """Per-layer views of a windowed format's storage for its decode kernel (kernels/alrkvd_attention.py,
-        kernels/kivi_attention.py), or None: no kernel for the format, or options outside what it reads."""
-        if kv_format == "alrkvd":
-            from kernels.alrkvd_attention import AlrkvdLayer as View
-        elif kv_format.startswith("kivi"):
-            from kernels.kivi_attention import KiviLayer as View
-        else:
-            return None
-        try:
-            return [View.from_format(self.format, i) for i in range(num_layers)]
-        except NotImplementedError:
-            return None
+            elif self.kernels is not None:
+                self.decode_kernel = self.kernels.decode
+                if self.kernels.compress is not None:
+                    self.compress = self._compress_kernel
+                    if compress_stream:  # blocks filled by decode steps: compressed behind the attention
+                        self.compress_stream = torch.cuda.Stream(device)
 
     def _encode_blocks(self, blocks: list[tuple[int, int, int, torch.Tensor, torch.Tensor]]):
         """Compress full blocks, each (layer, block id, first position, k [T, H, D], v), with the format's encode.
@@ -170,13 +143,12 @@ class PagedKVCache:
     COMPRESS_CHUNK = 128  # blocks per compression call: bounds its temporaries (~2 MB per block at head_dim 128)
 
     def _compress_kernel(self, blocks: list[tuple[int, int, int, torch.Tensor, torch.Tensor]]):
-        """`_encode_blocks` with the Triton compression kernel (kernels/alrkvd_compress.py, through the format's
+        """`_encode_blocks` with the format's compression kernel (ALR-KVD: kernels/alrkvd_compress.py, through
         `encode_with_kernel`): one basis decomposition for up to COMPRESS_CHUNK blocks of a prefill chunk, or of
         every layer of a decode step."""
         for i in range(0, len(blocks), self.COMPRESS_CHUNK):
             layers, ids, starts, ks, vs = zip(*blocks[i:i + self.COMPRESS_CHUNK])
-            self.format.encode_with_kernel(list(layers), list(ids), torch.stack(ks), torch.stack(vs),
-                                           start_pos=list(starts))
+            self.kernels.compress(list(layers), list(ids), torch.stack(ks), torch.stack(vs), start_pos=list(starts))
 
     def _compress_filled(self):
         """Compress the blocks that the decode step's layers filled (read from the window until now), all
@@ -319,12 +291,9 @@ class PagedKVCache:
             o = F.scaled_dot_product_attention(q[start:start + n].transpose(0, 1), keys, values,
                                                attn_mask=mask, enable_gqa=True)
             out[start:start + n] = o.transpose(0, 1)
-            entropy = n > 1 and getattr(self.format, "observes_entropy", False)
-            p = attention_probs(q[start:start + n], keys, mask) if entropy or self.window_attn is not None else None
-            if entropy:
-                self.format.observe_attention_entropy(layer, attention_entropy(p, keys.shape[0]))
             received = None
             if self.window_attn is not None:  # per kv head, the mean over its query heads, summed over queries
+                p = attention_probs(q[start:start + n], keys, mask)                    # [Hq, n, P + n]
                 received = p.sum(1).view(keys.shape[0], -1, P + n).mean(1).t()          # [P + n, Hkv]
                 old = P % self.block_size  # tokens already in the window
                 self.window_attn[layer, seq.window_slot, :old] += received[P - old:P]
@@ -381,8 +350,8 @@ class PagedKVCache:
                                       meta["tables"], meta["seq_lens"], meta["window_slots"], *rope, scale)
         self.format.write(layer, meta["block_ids"], meta["offsets"], k_rot, v)
         if self.decode_kernel is not None:
-            return self.decode_kernel(q, self.format.k_cache[layer], self.format.v_cache[layer], meta["tables"],
-                                      meta["seq_lens"], scale)
+            k_cache, v_cache = self.kernel_layers[layer]
+            return self.decode_kernel(q, k_cache, v_cache, meta["tables"], meta["seq_lens"], scale)
         B, width = meta["tables"].shape
         keys, values = self.format.decode(layer, meta["tables"].flatten())  # [B * width * bs, Hkv, D]
         keys = keys.view(B, -1, *keys.shape[1:]).transpose(1, 2)            # [B, Hkv, width * bs, D]

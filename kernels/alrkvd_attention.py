@@ -3,7 +3,7 @@
 Reads only the compressed bytes of closed blocks and the full-precision window of the newest,
 partial block; keys and values are rebuilt tile by tile in registers, never written to HBM.
 
-Layout: backend/kv_formats.py `ALRKVDFormat` with the options the kernel reads (`KERNEL_OPTIONS`:
+Layout: backend/kv_formats/alrkvd.py `ALRKVDFormat` with the options the kernel reads (`KERNEL_OPTIONS`:
 8-bit latents and basis, fp16 residual scales, uniform residual codes without rotation, one scale
 and zero per token and head (group = head_dim), keys compressed after RoPE (key_frame=rotated), or only their
 residual (key_frame=post_rope)). Per layer and block

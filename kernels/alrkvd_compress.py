@@ -47,7 +47,7 @@ def _round_half_even(x):
 
 @triton.jit
 def _quant_asym(x, QMAX: tl.constexpr, AXIS: tl.constexpr):
-    """backend.kv_formats.quant_asym over AXIS: (codes fp32, scale fp16, zero fp16) with scale and zero
+    """kernels.codecs.quant_asym over AXIS: (codes fp32, scale fp16, zero fp16) with scale and zero
     kept along AXIS (size 1)."""
     mn = tl.min(x, AXIS)
     mx = tl.max(x, AXIS)
@@ -184,7 +184,7 @@ def _alrkvd_compress_kernel(
         lat = tl.dot(x, tl.trans(basis), input_precision="ieee")  # [TC, BLOCK_R]
         mn = tl.minimum(mn, tl.min(lat, 0))
         mx = tl.maximum(mx, tl.max(lat, 0))
-    # backend.kv_formats.quant_asym over the tokens: fp16 scale and zero (the minimum)
+    # kernels.codecs.quant_asym over the tokens: fp16 scale and zero (the minimum)
     lscale = ((mx - mn) / 255).to(tl.float16)
     lzero = mn.to(tl.float16)
     ls = tl.maximum(lscale.to(tl.float32), 1e-8)

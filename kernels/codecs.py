@@ -1,4 +1,4 @@
-"""Codecs shared by the KV formats (backend/kv_formats.py) and the kernels that read or write their storage:
+"""Codecs shared by the KV formats (backend/kv_formats/) and the kernels that read or write their storage:
 bit packing, the Gaussian Lloyd-Max levels, asymmetric uniform quantization, KIVI's dequantization.
 
 PyTorch only (no Triton): the formats' PyTorch encode and decode run them, and the kernels' references and

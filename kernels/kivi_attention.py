@@ -1,7 +1,7 @@
 """Decode attention straight from the KIVI paged cache (flash-decoding, Triton).
 
 Reads the packed codes, scales and zeros of closed blocks and the full-precision window of the newest
-tokens; nothing is dequantized to HBM. Layout: backend/kv_formats.py `KIVIFormat` (group 32), per layer
+tokens; nothing is dequantized to HBM. Layout: backend/kv_formats/kivi.py `KIVIFormat` (group 32), per layer
 and block (T = block_size tokens, H kv heads, keys after RoPE):
     k_codes [H, D, packed(T, bits)] uint8   a channel's codes along the tokens (pack_bits: token j in byte
                                             j % NB at bit (j // NB) * bits, NB = T * bits / 8)

@@ -1,4 +1,4 @@
-"""KV formats (backend/kv_formats.py): bit packing, error bounds on random and real SmolLM2 keys/values,
+"""KV formats (backend/kv_formats/): bit packing, error bounds on random and real SmolLM2 keys/values,
 attention through the paged cache over compressed blocks, per-head ranks, memory accounting and the
 independence of segments (basis refresh never touches older blocks)."""
 from __future__ import annotations
@@ -286,7 +286,7 @@ def test_subspace_basis_matches_eigh_on_real_data(smollm2_kv):
             G = (X.transpose(1, 2) @ X).double()
             captured = [torch.einsum("nrd,nde,nre->n", u[:, :8].double(), G, u[:, :8].double()) for u in (ve, vf)]
             assert (captured[1] / captured[0]).min() > 0.999
-            assert torch.equal(exact.allocate_ranks(se, None, te), fast.allocate_ranks(sf, None, tf))
+            assert torch.equal(exact.allocate_ranks(se, te), fast.allocate_ranks(sf, tf))
 
 
 def test_ranks_vary_per_head_on_real_data(smollm2_kv):
@@ -305,38 +305,6 @@ def test_ranks_vary_per_head_on_real_data(smollm2_kv):
     # within a block the heads get different ranks, and the split differs between layers
     assert sum(len(set(r)) > 1 for r in all_ranks) >= len(all_ranks) * 3 // 4
     assert len(set(all_ranks)) >= len(REAL_LAYERS)
-
-
-def test_attention_entropy_tilts_ranks_towards_broad_heads(smollm2_kv):
-    """entropy_tilt: the measured attention entropy of each head moves rank from sharp heads to broad ones."""
-    from backend.kv_cache import attention_entropy, attention_probs
-    rec, eng = smollm2_kv
-    q, k, v = rec[14]
-    n = 256
-    keys = eng.model.rotary.apply(k[:n], torch.arange(n)).transpose(0, 1)             # [H, n, D] after RoPE
-    p = attention_probs(q[:n], keys, torch.ones(n, n, dtype=torch.bool).tril())
-    ent = attention_entropy(p, keys.shape[0])
-    assert ent.shape == (H,) and bool(((ent > 0) & (ent < math.log(n))).all())
-    flat, tilted = (make_format("alrkvd", 30, H, D, torch.float32, "cpu", 2, rank_budget="24", latent_bits="4",
-                                entropy_tilt=t) for t in ("0", "4"))
-    tilted.observe_attention_entropy(14, ent)
-    for fmt in (flat, tilted):
-        fmt.encode(14, 0, k[:128], v[:128])
-    per_head = [fmt.ranks[14, 0].view(2, H).sum(0) for fmt in (flat, tilted)]        # key + value rank per head
-    broad, sharp = int(ent.argmax()), int(ent.argmin())
-    assert per_head[1][broad] > per_head[0][broad] and per_head[1][sharp] < per_head[0][sharp]
-
-
-def test_cache_measures_entropy_on_prefill_chunks():
-    cache, _ = _cache("alrkvd", {"entropy_tilt": "1"})
-    from backend.kv_cache import AttentionBatch, SeqKV
-    seq, g = SeqKV(), torch.Generator().manual_seed(2)
-    k, v, q = torch.randn(40, H, D, generator=g), torch.randn(40, H, D, generator=g), torch.randn(40, 2 * H, D, generator=g)
-    q[:, :2] *= 8  # kv head 0's queries are sharper
-    cache.allocate(seq, 40)
-    cache.attend(0, q, k, k, v, AttentionBatch([seq], [40]))
-    tilt = cache.format._head_tilt
-    assert tilt[0, 0] < tilt[0, 1] and torch.equal(tilt[1], torch.ones(2 * H))      # layer 1 saw nothing
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -556,6 +524,30 @@ def test_sink_tokens_are_kept_exactly_and_counted():
     for name, o in [("fp16", {"sink_tokens": "1"}), ("alrkvd", {"block_size": "32", "sink_tokens": "33"})]:
         with pytest.raises(ValueError, match="sink_tokens"):
             _cache(name, o)
+
+
+def test_each_format_names_its_kernels():
+    """PagedKVCache takes its kernels from the format: None where no kernel reads the format or its options."""
+    from kernels.alrkvd_attention import AlrkvdLayer, kernel_options
+    from kernels.kivi_attention import KiviLayer, kivi_decode_attention
+    from kernels.paged_attention import paged_decode_attention
+
+    def kernels(name, **opts):
+        return make_format(name, L, H, D, torch.float16, "cpu", 2, **opts).kernels(max_num_seqs=4)
+
+    for name in ("full", "fp16"):
+        paged = kernels(name)
+        assert paged.decode is paged_decode_attention and paged.compress is None and len(paged.layers) == L
+        k_cache, v_cache = paged.layers[1]
+        assert k_cache.shape == (2, 16, H, D) and v_cache.shape == (2, 16, H, D)
+    kivi = kernels("kivi4")
+    assert kivi.decode is kivi_decode_attention and kivi.compress is None
+    assert all(isinstance(x, KiviLayer) for x in kivi.layers)
+    alrkvd = kernels("alrkvd", **kernel_options(D))
+    assert all(isinstance(x, AlrkvdLayer) for x in alrkvd.layers) and alrkvd.compress is not None
+    assert alrkvd.decode.keywords["tickets"].shape == (4 * H,)
+    for name, opts in [("int8", {}), ("kivi3", {}), ("alrkvd", {})]:  # none, or options no kernel reads
+        assert kernels(name, **opts) is None, name
 
 
 def test_alrkvd_storage_is_laid_out_for_the_decode_kernel():

@@ -23,9 +23,8 @@ from backend.kv_formats import make_format  # noqa: E402
 SMOLLM2_KV = Path(__file__).resolve().parents[2] / "kernels" / "testdata" / "smollm2_kv.pt"
 
 
-def _compare(k, v, block_ids, num_blocks, layers=None, tilts=(), **options):
-    """layers: each block's layer (one call for all; default every block in layer 0); tilts: per layer
-    rank weights given to both formats (set_head_tilt)."""
+def _compare(k, v, block_ids, num_blocks, layers=None, **options):
+    """layers: each block's layer (one call for all; default every block in layer 0)."""
     H, D, T = k.shape[2], k.shape[3], k.shape[1]
     k, v = k.to(DEVICE), v.to(DEVICE)
     num_layers = max(layers or [0]) + 1
@@ -34,8 +33,6 @@ def _compare(k, v, block_ids, num_blocks, layers=None, tilts=(), **options):
     start = [(3 * i + 1) * T for i in range(len(block_ids))]  # blocks anywhere in a sequence (post_rope)
     for fmt in (ref, out):
         fmt.set_rotary(rope_tables(D, 4 * T * len(block_ids), device=DEVICE))
-        for layer, tilt in enumerate(tilts):
-            fmt.set_head_tilt(layer, tilt)
     for i, bid in enumerate(block_ids):
         ref.encode(layers[i] if layers else 0, bid, k[i], v[i], start_pos=start[i])
     out.encode_with_kernel(layers or 0, block_ids, k, v, start_pos=start)
@@ -75,13 +72,11 @@ def test_random_blocks(options):
 
 
 def test_blocks_of_several_layers_in_one_call():
-    # a decode step compresses the blocks every layer filled in one call: same block ids in other layers,
-    # each layer's own rank tilt
+    # a decode step compresses the blocks every layer filled in one call: same block ids in other layers
     gen = torch.Generator().manual_seed(21)
     k = random_kv((4, 32, 2, 64), torch.float16, gen)
     v = random_kv((4, 32, 2, 64), torch.float16, gen, channel_outliers=0)
-    tilts = [torch.tensor([1.0, 1.0, 1.0, 1.0]), torch.tensor([4.0, 0.25, 1.0, 1.0]), torch.tensor([0.25, 4.0, 2.0, 0.5])]
-    _compare(k, v, [1, 1, 0, 3], num_blocks=4, layers=[2, 0, 2, 1], tilts=tilts,
+    _compare(k, v, [1, 1, 0, 3], num_blocks=4, layers=[2, 0, 2, 1],
              key_frame="post_rope", codebook="uniform", rotate="false", basis_solver="subspace", rank_max=16)
 
 

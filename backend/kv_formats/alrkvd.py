@@ -1,434 +1,18 @@
-"""Compressed KV-cache formats behind the paged cache (backend/kv_cache.py).
-
-Every format owns fixed-size storage per (layer, block) so that the paged cache can allocate, free and
-account blocks uniformly.  Storage tensors all have the leading dims ``[num_layers, num_blocks, ...]``;
-``tensors()`` lists every tensor allocated, so ``sum(t.numel() * t.element_size())`` is the exact memory
-of the block pool (the cache adds its full-precision window slots on top).  The exact layouts are
-documented in docs/ALRKVD.md (kernels depend on them).
-
-Formats
-  fp16    the model dtype, uncompressed (non-windowed: ``write``).
-  int8    symmetric int8 per (token, head) with an fp16 scale (non-windowed: ``write``).
-  kivi2/3/4  KIVI: keys quantized per channel over groups of 32 tokens, values per token over groups of 32
-          channels, asymmetric (fp16 scale and zero point per group); windowed: the newest partial block
-          stays in the cache's full-precision window, a full block is quantized at once (``encode``).
-  alrkvd  adaptive low rank + low-bit residual, keys before RoPE (``rope_on_read``): per (layer, block) a
-          fixed total rank budget is water-filled over the kv heads (keys and values) from each head's
-          singular-value decay; the block's own basis (SVD) is stored 8-bit, latents at <= 8 bits, and the
-          residual is rotated (fixed randomized Hadamard) and quantized at low bit width with per-group
-          scales.  See docs/ALRKVD.md.
-
-Options arrive as strings (``--kv-opt KEY=VALUE``) and are parsed with the defaults of each class.
-"""
+"""`alrkvd`: adaptive low rank + low-bit residual (ALR-KVD), windowed, keys before RoPE. Math, options and the
+storage layouts the kernels read: docs/ALRKVD.md. Read on CUDA by kernels/alrkvd_attention.py, written by
+kernels/alrkvd_compress.py."""
 from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable
 
 import torch
 
 from backend import trellis
-# the codecs the kernels share (bit packing, Lloyd-Max levels, asymmetric quantization): kernels/codecs.py
-from kernels.codecs import (GAUSS_SCALE_SEARCH, dequant_asym, gauss_codebook, kivi_dequantize, pack_bits, packed_len,
-                            quant_asym, unpack_bits)
-
-__all__ = [
-    "KVFormat", "FP16Format", "Int8Format", "KIVIFormat", "ALRKVDFormat", "FORMATS", "make_format",
-    "pack_bits", "unpack_bits", "packed_len", "gauss_codebook",
-]
-
-
-# ----------------------------------------------------------------------------------------------------
-# option parsing
-# ----------------------------------------------------------------------------------------------------
-
-def _to_bool(v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    s = str(v).strip().lower()
-    if s in ("1", "true", "yes", "on"):
-        return True
-    if s in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"not a boolean: {v!r}")
-
-
-def _parse_options(name: str, spec: dict[str, tuple[Callable[[Any], Any], Any]], options: dict) -> dict:
-    out = {k: d for k, (_, d) in spec.items()}
-    for k, v in (options or {}).items():
-        key = k.replace("-", "_")
-        if key not in spec:
-            raise ValueError(f"unknown option {k!r} for kv format {name!r} (known: {', '.join(sorted(spec))})")
-        conv = spec[key][0]
-        try:
-            out[key] = conv(v) if v is not None else None
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"bad value {v!r} for option {k!r} of kv format {name!r}: {e}") from None
-    return out
-
-
-# ----------------------------------------------------------------------------------------------------
-# scalar quantizers
-# ----------------------------------------------------------------------------------------------------
-
-SCALE_SEARCH = {"gauss": GAUSS_SCALE_SEARCH, "trellis": (0.9, 1.0, 1.1)}
-
-
-def quant_scaled(x: torch.Tensor, bits: int, codebook: str, scale_round: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 state_bits: int | None = None):
-    """Symmetric quantization of groups (the last dim) on a unit-Gaussian codebook, one scale per group: the
-    group RMS times the best of ``SCALE_SEARCH[codebook]`` (MSE-optimal per group). ``gauss``: each value
-    on the Lloyd-Max levels; ``trellis``: the group's values coded together (`backend.trellis`, ``state_bits``
-    its L, None: the default for ``bits``).
-    ``scale_round`` maps a float scale to the value actually stored (default: fp16 rounding); the search runs on
-    the rounded scales. Returns (codes int32, rounded scale float32 [..., 1])."""
-    rnd = scale_round or (lambda t: t.to(torch.float16).float())
-    rms = x.pow(2).mean(dim=-1, keepdim=True).sqrt().clamp_min(1e-8)
-    scales = torch.stack([rnd(rms * f).clamp_min(1e-8) for f in SCALE_SEARCH[codebook]])   # [F, ..., 1]
-    y = x / scales
-    if codebook == "gauss":
-        lv = gauss_codebook(bits).to(x.device)
-        q = torch.bucketize(y.contiguous(), (lv[1:] + lv[:-1]) / 2).to(torch.int32)
-    else:
-        q = trellis.quantize(y.reshape(-1, y.shape[-1]), bits, state_bits).reshape(y.shape)
-    err = (dequant_scaled(q, scales, bits, codebook, state_bits) - x).pow(2).sum(dim=-1, keepdim=True)
-    best = err.argmin(0, keepdim=True)                   # the first of equal errors
-    return q.gather(0, best.expand_as(q))[0], scales.gather(0, best)[0]
-
-
-def dequant_scaled(q: torch.Tensor, scale: torch.Tensor, bits: int, codebook: str,
-                   state_bits: int | None = None) -> torch.Tensor:
-    unit = (gauss_codebook(bits).to(q.device)[q.long()] if codebook == "gauss"
-            else trellis.dequantize(q, bits, state_bits))
-    return unit * scale.float()
-
-
-LOG_SCALE_STEPS = 16   # 8-bit log scales: scale = base * 2 ** (-code / 16), code in 0..255
-
-
-def log_scale_base(max_scale: torch.Tensor) -> torch.Tensor:
-    """fp16 base (rounded up) so that every scale <= max_scale has a code >= 0."""
-    b = max_scale.clamp_min(1e-6).to(torch.float16)
-    return torch.where(b.float() < max_scale, torch.nextafter(b, torch.full_like(b, 65504.0)), b)
-
-
-def log_scale_round(s: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-    code = log_scale_code(s, base)
-    return base.float() * torch.exp2(-code.float() / LOG_SCALE_STEPS)
-
-
-def log_scale_code(s: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-    r = torch.log2(base.float() / s.clamp_min(1e-30))
-    return torch.round(r * LOG_SCALE_STEPS).clamp_(0, 255).to(torch.uint8)
-
-
-_ROT_CACHE: dict[tuple[int, int], torch.Tensor] = {}
-
-
-def rotation_matrix(d: int, seed: int = 1234) -> torch.Tensor:
-    """Fixed orthonormal rotation (float32 [d, d]): randomized Hadamard (random signs, seeded) when d is a
-    power of two, else a seeded random orthogonal matrix.  A constant of the format: never stored per block."""
-    key = (d, seed)
-    if key not in _ROT_CACHE:
-        g = torch.Generator().manual_seed(seed)
-        if d & (d - 1) == 0:
-            h = torch.ones(1, 1, dtype=torch.float64)
-            while h.shape[0] < d:
-                h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-            signs = torch.randint(0, 2, (d,), generator=g).double() * 2 - 1
-            r = (signs[:, None] * h) / math.sqrt(d)
-        else:
-            a = torch.randn(d, d, generator=g, dtype=torch.float64)
-            r, _ = torch.linalg.qr(a)
-        _ROT_CACHE[key] = r.to(torch.float32)
-    return _ROT_CACHE[key]
-
-
-# ----------------------------------------------------------------------------------------------------
-# formats
-# ----------------------------------------------------------------------------------------------------
-
-def orthonormalize(Y: torch.Tensor) -> torch.Tensor:
-    """Orthonormal columns spanning those of Y [..., d, k] (float64): Cholesky QR, Y L^-T with L L^T = Y^T Y.
-    Batched Cholesky and triangular solves are one call each on the GPU, where batched Householder QR loops
-    over the matrices. A tiny diagonal shift keeps rank-deficient Y (e.g. an all-zero block) finite."""
-    C = Y.transpose(-1, -2) @ Y
-    shift = C.diagonal(dim1=-2, dim2=-1).sum(-1) * 1e-13 + 1e-300
-    C = C + shift[..., None, None] * torch.eye(C.shape[-1], dtype=C.dtype, device=C.device)
-    L = torch.linalg.cholesky_ex(C).L
-    return torch.linalg.solve_triangular(L, Y.transpose(-1, -2), upper=False).transpose(-1, -2)
-
-
-@functools.lru_cache(maxsize=None)
-def _subspace_start(d: int, k: int, seed: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The fixed random start of subspace_eigh, made once per device (a host-to-device copy synchronises)."""
-    return torch.randn(d, k, generator=torch.Generator().manual_seed(seed), dtype=dtype).to(device)
-
-
-def subspace_eigh(G: torch.Tensor, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k leading eigenpairs (ascending, like eigh) of symmetric PSD G [..., d, d] (float64): three steps
-    of subspace iteration from a fixed random start, then a Rayleigh-Ritz step; Cholesky QR twice per
-    step (the second pass restores orthonormality lost to the first one's conditioning). No host sync."""
-    d = G.shape[-1]
-    Q = _subspace_start(d, k, seed, G.dtype, G.device).expand(*G.shape[:-2], d, k)
-    for _ in range(3):
-        Q = orthonormalize(orthonormalize(G @ Q))
-    w, V = torch.linalg.eigh(Q.transpose(-1, -2) @ G @ Q)
-    return w, Q @ V
-
-
-class KVFormat:
-    """Base class.  Subclasses set ``name``, ``windowed``, ``rope_on_read``, ``default_block_size`` and
-    ``OPTIONS`` ({name: (parser, default)}), allocate storage with ``self._alloc`` in ``_allocate``."""
-
-    name = "base"
-    windowed = False
-    rope_on_read = False
-    default_block_size = 16
-    wants_saliency = False  # True: encode takes each token's saliency (the attention it received in the window)
-    OPTIONS: dict[str, tuple[Callable[[Any], Any], Any]] = {}
-
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 device: str | torch.device, num_blocks: int, block_size: int | None = None, **options):
-        self.num_layers = int(num_layers)
-        self.num_kv_heads = int(num_kv_heads)
-        self.head_dim = int(head_dim)
-        self.dtype = dtype
-        self.device = torch.device(device)
-        self.num_blocks = int(num_blocks)
-        self.block_size = int(block_size or self.default_block_size)
-        self.options = _parse_options(self.name, self.OPTIONS, options)
-        self._tensors: dict[str, torch.Tensor] = {}
-        self._validate()
-        self._allocate()
-
-    # -- storage ---------------------------------------------------------------------------------------
-    def _validate(self) -> None:
-        pass
-
-    def _allocate(self) -> None:
-        raise NotImplementedError
-
-    def _alloc(self, name: str, shape_per_block: tuple[int, ...], dtype: torch.dtype,
-               order: tuple[int, ...] | None = None) -> torch.Tensor:
-        """A zeroed [num_layers, num_blocks, *shape_per_block] tensor. `order` lays the per-block dims out in
-        memory in that order (outermost first) and returns the view in the logical order: e.g. (1, 0) stores a
-        [T, R] block as [R, T], so that a kernel reads one row's T values contiguously."""
-        order = order or tuple(range(len(shape_per_block)))
-        t = torch.zeros((self.num_layers, self.num_blocks, *(shape_per_block[i] for i in order)), dtype=dtype,
-                        device=self.device)
-        t = t.permute(0, 1, *(2 + order.index(i) for i in range(len(order))))
-        self._tensors[name] = t
-        setattr(self, name, t)
-        return t
-
-    def tensors(self) -> list[torch.Tensor]:
-        return list(self._tensors.values())
-
-    def named_tensors(self) -> dict[str, torch.Tensor]:
-        return dict(self._tensors)
-
-    def bytes_per_block(self) -> int:
-        """Bytes of one block across all layers (K and V, all metadata)."""
-        return sum(t[0, 0].numel() * t.element_size() for t in self._tensors.values()) * self.num_layers
-
-    def bytes_per_token(self) -> float:
-        """Bytes per token of a closed block (all layers, K and V, all metadata); no window."""
-        return self.bytes_per_block() / self.block_size
-
-    def dense_bytes_per_token(self, dtype: torch.dtype | None = None) -> int:
-        """Uncompressed bytes per token in ``dtype`` (default: the model dtype), all layers, K and V."""
-        es = torch.empty((), dtype=dtype or self.dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * es
-
-    def describe(self) -> str:
-        opts = ",".join(f"{k}={v}" for k, v in self.options.items())
-        return f"{self.name}({opts})" if opts else self.name
-
-    # -- data path --------------------------------------------------------------------------------------
-    def write(self, layer: int, block_ids: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor,
-              v: torch.Tensor) -> None:
-        raise NotImplementedError(f"{self.name} is windowed: the cache calls encode() on full blocks")
-
-    def encode(self, layer: int, block_id: int, k: torch.Tensor, v: torch.Tensor, start_pos: int = 0) -> None:
-        """Compress one full block (windowed formats). ``start_pos``: the position of its first token."""
-        raise NotImplementedError(f"{self.name} is not windowed: the cache calls write()")
-
-    def encode_blocks(self, blocks: list[tuple[int, int, int, torch.Tensor, torch.Tensor]]) -> None:
-        """Compress full blocks, each (layer, block id, position of its first token, k [T, H, D], v[, saliency
-        [T, H] for formats that ``wants_saliency``]): one ``encode`` each, unless the format batches them (a
-        decode step fills one per sequence and layer)."""
-        for layer, block_id, start, k, v, *saliency in blocks:
-            self.encode(layer, block_id, k, v, start_pos=start, **({"saliency": saliency[0]} if saliency else {}))
-
-    def decode(self, layer: int, block_ids) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reconstruction of the listed blocks, in order: (k, v) each [n * block_size, H, D] in the model
-        dtype (keys before RoPE when ``rope_on_read``)."""
-        raise NotImplementedError
-
-    def roundtrip(self, k: torch.Tensor, v: torch.Tensor, layer: int = 0, block_id: int = 0, **kw):
-        """Compress one block [block_size, H, D] into block ``block_id`` and return its reconstruction
-        (``kw``: e.g. ``start_pos`` for formats that need the block's position)."""
-        if self.windowed:
-            self.encode(layer, block_id, k, v, **kw)
-            kk, vv = self.decode(layer, [block_id], **kw)
-            return kk[: k.shape[0]], vv[: k.shape[0]]
-        else:
-            n = k.shape[0]
-            ids = torch.full((n,), block_id, dtype=torch.long, device=self.device)
-            self.write(layer, ids, torch.arange(n, device=self.device), k, v)
-        kk, vv = self.decode(layer, [block_id])
-        return kk[: k.shape[0]], vv[: k.shape[0]]
-
-    @staticmethod
-    def _ids(block_ids, device) -> torch.Tensor:
-        return torch.as_tensor(block_ids, dtype=torch.long, device=device).reshape(-1)
-
-
-class FullFormat(KVFormat):
-    """Uncompressed, in the model dtype: exact (the reference the tests compare against)."""
-
-    name = "full"
-    windowed = False
-    default_block_size = 16
-
-    def store_dtype(self) -> torch.dtype:
-        return self.dtype
-
-    def _allocate(self):
-        shp = (self.block_size, self.num_kv_heads, self.head_dim)
-        self._alloc("k_cache", shp, self.store_dtype())
-        self._alloc("v_cache", shp, self.store_dtype())
-
-    def write(self, layer, block_ids, offsets, k, v):
-        b = self._ids(block_ids, self.device)
-        o = self._ids(offsets, self.device)
-        self.k_cache[layer, b, o] = k.to(self.k_cache.dtype)
-        self.v_cache[layer, b, o] = v.to(self.v_cache.dtype)
-
-    def decode(self, layer, block_ids):
-        b = self._ids(block_ids, self.device)
-        H, D = self.num_kv_heads, self.head_dim
-        return (self.k_cache[layer, b].reshape(-1, H, D).to(self.dtype),
-                self.v_cache[layer, b].reshape(-1, H, D).to(self.dtype))
-
-
-class FP16Format(FullFormat):
-    """16 bits per value, the serving baseline: the model dtype when it is 16-bit (bf16 on GPU),
-    float16 when the model runs in float32 (CPU)."""
-
-    name = "fp16"
-
-    def store_dtype(self) -> torch.dtype:
-        return self.dtype if self.dtype in (torch.float16, torch.bfloat16) else torch.float16
-
-
-class Int8Format(KVFormat):
-    """Symmetric int8 per (token, head), fp16 scale = absmax / 127.  Max abs error <= scale / 2."""
-
-    name = "int8"
-    windowed = False
-    default_block_size = 16
-
-    def _allocate(self):
-        T, H, D = self.block_size, self.num_kv_heads, self.head_dim
-        self._alloc("k_q", (T, H, D), torch.int8)
-        self._alloc("v_q", (T, H, D), torch.int8)
-        self._alloc("k_scale", (T, H), torch.float16)
-        self._alloc("v_scale", (T, H), torch.float16)
-
-    @staticmethod
-    def _q(x):
-        x = x.float()
-        s = (x.abs().amax(-1) / 127.0).to(torch.float16)
-        q = torch.round(x / s.float().clamp_min(1e-8)[..., None]).clamp_(-127, 127).to(torch.int8)
-        return q, s
-
-    def write(self, layer, block_ids, offsets, k, v):
-        b = self._ids(block_ids, self.device)
-        o = self._ids(offsets, self.device)
-        kq, ks = self._q(k)
-        vq, vs = self._q(v)
-        self.k_q[layer, b, o] = kq
-        self.k_scale[layer, b, o] = ks
-        self.v_q[layer, b, o] = vq
-        self.v_scale[layer, b, o] = vs
-
-    def decode(self, layer, block_ids):
-        b = self._ids(block_ids, self.device)
-        H, D = self.num_kv_heads, self.head_dim
-        k = self.k_q[layer, b].float() * self.k_scale[layer, b].float()[..., None]
-        v = self.v_q[layer, b].float() * self.v_scale[layer, b].float()[..., None]
-        return k.reshape(-1, H, D).to(self.dtype), v.reshape(-1, H, D).to(self.dtype)
-
-
-class KIVIFormat(KVFormat):
-    """KIVI (Liu et al. 2024): keys per channel over groups of ``group`` tokens, values per token over groups
-    of ``group`` channels, asymmetric uniform ``bits``-bit codes with fp16 scale and zero point per group.
-    The newest block_size (default 128 = KIVI's residual length) tokens stay in the cache's full-precision
-    window.  Max abs error per element <= scale / 2 of its group."""
-
-    name = "kivi"
-    windowed = True
-    default_block_size = 128
-    OPTIONS = {"bits": (int, 2), "group": (int, 32)}
-
-    def _validate(self):
-        o = self.options
-        if o["bits"] not in (1, 2, 3, 4, 5, 6, 7, 8):
-            raise ValueError(f"kivi bits must be 1..8, got {o['bits']}")
-        g = o["group"]
-        if self.block_size % g or self.head_dim % g:
-            raise ValueError(f"kivi group {g} must divide block_size {self.block_size} and head_dim {self.head_dim}")
-        if self.block_size % 8 or self.head_dim % 8:
-            raise ValueError("kivi needs block_size and head_dim multiples of 8 (bit packing)")
-
-    def _allocate(self):
-        T, H, D = self.block_size, self.num_kv_heads, self.head_dim
-        b, g = self.options["bits"], self.options["group"]
-        # keys: channel-major, codes packed along tokens (KIVI's per-channel layout)
-        self._alloc("k_codes", (H, D, packed_len(T, b)), torch.uint8)
-        self._alloc("k_scale", (H, D, T // g), torch.float16)
-        self._alloc("k_zero", (H, D, T // g), torch.float16)
-        # values: token-major, codes packed along channels
-        self._alloc("v_codes", (T, H, packed_len(D, b)), torch.uint8)
-        self._alloc("v_scale", (T, H, D // g), torch.float16)
-        self._alloc("v_zero", (T, H, D // g), torch.float16)
-
-    def encode(self, layer, block_id, k, v, start_pos=0):
-        self.encode_blocks([(layer, block_id, start_pos, k, v)])
-
-    def encode_blocks(self, blocks):
-        """Every block in one quantization (a few tensor ops, not a few per block)."""
-        layers, ids, _, k, v = zip(*blocks)
-        at = (torch.tensor(layers, device=self.device), torch.tensor(ids, device=self.device))
-        k, v = torch.stack(k).float(), torch.stack(v).float()                  # [n, T, H, D]
-        n, T, H, D = k.shape
-        b, g = self.options["bits"], self.options["group"]
-        q, s, z = quant_asym(k.permute(0, 2, 3, 1).reshape(n, H, D, T // g, g), b, dim=-1)   # per channel
-        self.k_codes[at] = pack_bits(q.reshape(n, H, D, T), b)
-        self.k_scale[at], self.k_zero[at] = s[..., 0], z[..., 0]
-        q, s, z = quant_asym(v.reshape(n, T, H, D // g, g), b, dim=-1)                     # per token
-        self.v_codes[at] = pack_bits(q.reshape(n, T, H, D), b)
-        self.v_scale[at], self.v_zero[at] = s[..., 0], z[..., 0]
-
-    def decode(self, layer, block_ids):
-        ids = self._ids(block_ids, self.device)
-        k, v = self.dequantize(*(getattr(self, name)[layer, ids] for name in
-                                 ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero")),
-                               self.options["bits"], self.options["group"])
-        return k.to(self.dtype), v.to(self.dtype)
-
-    dequantize = staticmethod(kivi_dequantize)   # also the reference of the KIVI decode kernel
-
-
-def _kivi(bits: int):
-    class _K(KIVIFormat):
-        name = f"kivi{bits}"
-        OPTIONS = {"bits": (int, bits), "group": (int, 32)}
-    _K.__name__ = f"KIVI{bits}Format"
-    return _K
+from backend.kv_formats.base import FormatKernels, KVFormat
+from backend.kv_formats.codecs import (LOG_SCALE_STEPS, dequant_scaled, log_scale_base, log_scale_code,
+                                       log_scale_round, quant_scaled, rotation_matrix, subspace_eigh, to_bool)
+from kernels.codecs import dequant_asym, pack_bits, packed_len, quant_asym, unpack_bits
 
 
 class ALRKVDFormat(KVFormat):
@@ -437,8 +21,7 @@ class ALRKVDFormat(KVFormat):
     Per (layer, block) and per stream s in (K head 0..H-1, V head 0..H-1), X_s [T, D] (keys before RoPE):
       1. SVD X_s = U S W^T (the block's own data).  The ranks r_s of all 2H streams share a fixed budget
          ``rank_budget`` (total rows per block, so the block has a fixed size): water-filling on the
-         normalized energy S_i^2 / sum S^2 (keys weighted by ``key_weight`` and by an optional per-head tilt,
-         e.g. from attention entropy), each r_s within [rank_min, rank_max].
+         normalized energy S_i^2 / sum S^2 (keys weighted by ``key_weight``), each r_s within [rank_min, rank_max].
       2. Basis rows W_s[:, :r_s]^T stored int8 with one fp16 scale per row; latents L = X_s B^T (with the
          dequantized basis B) stored with ``latent_bits`` asymmetric codes, fp16 scale and zero per row.
       3. Residual E = X_s - L_hat B, rotated by a fixed randomized Hadamard matrix R (E R), quantized with
@@ -471,12 +54,11 @@ class ALRKVDFormat(KVFormat):
         "trellis_state_bits": (int, None),   # codebook=trellis: L of the k_bits/v_bits codes (None: 8 or 9; 12: less
                                              # error, 8x the work); v_low_bits codes keep the default
         "scale_bits": (int, 16),         # residual scales: 16 (fp16) or 8 (log2 steps of 1/16 under a per-block fp16 base)
-        "rotate": (_to_bool, True),      # randomized Hadamard on the residual
+        "rotate": (to_bool, True),      # randomized Hadamard on the residual
         "seed": (int, 1234),
         "exact_tokens": (int, 0),        # per block, the tokens with the largest residual energy kept exactly (fp16)
         "key_frame": (str, "pre_rope"),  # keys compressed before RoPE (pre_rope), the residual after it (post_rope),
                                          # or basis, latents and residual all after it (rotated: no RoPE in a kernel)
-        "entropy_tilt": (float, 0.0),    # rank weight of a head's streams x (its attention entropy / mean)^this; 0: off
         "basis_solver": (str, "eigh"),   # eigh: exact, on the CPU | subspace: top rank_max + 8 directions, on the data's device
         "v_low_tokens": (int, 0),        # per block and kv head: the least salient tokens get v_low_bits values
         "v_low_bits": (int, 2),
@@ -558,7 +140,6 @@ class ALRKVDFormat(KVFormat):
             self._alloc("exact_k", (n, H, D), torch.float16)
             self._alloc("exact_v", (n, H, D), torch.float16)
         self._rot = rotation_matrix(D, o["seed"]).to(self.device) if o["rotate"] else None
-        self._head_tilt = torch.ones(self.num_layers, 2 * H, device=self.device)
         self._rotary = None
 
     def set_rotary(self, rotary) -> None:
@@ -602,28 +183,7 @@ class ALRKVDFormat(KVFormat):
         return 1.4 * math.sqrt(d)
 
     # -- rank allocation ---------------------------------------------------------------------------------
-    def set_head_tilt(self, layer: int, weights: torch.Tensor) -> None:
-        """Optional per-stream energy weights ([2H] or [H] for keys only) for the rank water-filling of later
-        blocks of ``layer`` (e.g. from attention entropy: sharper heads get more key rank)."""
-        w = torch.as_tensor(weights, dtype=torch.float32).flatten()
-        H = self.num_kv_heads
-        if w.numel() == H:
-            w = torch.cat([w, torch.ones(H)])
-        self._head_tilt[layer] = w.to(self._head_tilt.device)
-
-    @property
-    def observes_entropy(self) -> bool:
-        return self.options["entropy_tilt"] != 0
-
-    def observe_attention_entropy(self, layer: int, entropy: torch.Tensor) -> None:
-        """Mean attention entropy [H] of each kv head's query rows (the cache measures it on prefill
-        chunks): broad heads (high entropy) get more rank in later blocks of ``layer``, sharp heads less."""
-        e = entropy.float().cpu().clamp_min(1e-3)
-        t = (e / e.mean()) ** self.options["entropy_tilt"]
-        self.set_head_tilt(layer, torch.cat([t, t]))
-
-    def allocate_ranks(self, svals: torch.Tensor, tilt: torch.Tensor | None = None,
-                       total: torch.Tensor | None = None) -> torch.Tensor:
+    def allocate_ranks(self, svals: torch.Tensor, total: torch.Tensor | None = None) -> torch.Tensor:
         """Water-filling: svals [..., 2H, m] descending -> ranks [..., 2H] (long, on svals' device) summing to
         rank_budget, each in [rank_min, rank_max], maximizing the captured (weighted, normalized) energy.
         ``total`` [..., 2H]: each stream's whole energy (sum of all squared singular values) when svals holds
@@ -635,8 +195,6 @@ class ALRKVDFormat(KVFormat):
         H = self.num_kv_heads
         w = torch.ones(2 * H, device=e.device)   # made on the device: no host-to-device copy (a sync)
         w[:H] = o["key_weight"]
-        if tilt is not None:                      # [2H], or per block [..., 2H]
-            w = w * tilt.to(e.device)
         e = e * w[..., None]
         lo, hi = o["rank_min"], min(o["rank_max"], svals.shape[-1])
         ranks = torch.full(e.shape[:-1], lo, dtype=torch.long, device=e.device)
@@ -649,12 +207,11 @@ class ALRKVDFormat(KVFormat):
             ranks.scatter_add_(-1, top // (hi - lo), torch.ones_like(top))
         return ranks
 
-    def quantized_basis(self, layer, svals: torch.Tensor, vh: torch.Tensor, total: torch.Tensor):
+    def quantized_basis(self, svals: torch.Tensor, vh: torch.Tensor, total: torch.Tensor):
         """Blocks' bases from their `_svd` (svals [..., 2H, m], vh [..., 2H, m, D], total [..., 2H]): ranks
         [..., 2H] by water-filling, the leading rows of each stream [..., R, D] as symmetric ``basis_bits``
-        codes (float) and their fp16 scales [..., R]. Leading dims are independent blocks (no host sync);
-        ``layer``: theirs, an int or a tensor of the leading shape."""
-        ranks = self.allocate_ranks(svals, self._head_tilt[layer], total)
+        codes (float) and their fp16 scales [..., R]. Leading dims are independent blocks (no host sync)."""
+        ranks = self.allocate_ranks(svals, total)
         # budget row r belongs to the stream whose [start, end) holds it, as that stream's row r - start
         ends = ranks.cumsum(-1)
         r = torch.arange(self.options["rank_budget"], device=ranks.device).expand(*ranks.shape[:-1], -1).contiguous()
@@ -739,7 +296,7 @@ class ALRKVDFormat(KVFormat):
         X = torch.cat([keys, v.float()], dim=1).permute(1, 0, 2).contiguous()       # [2H, T, D]
         rec = torch.zeros_like(X)
         if R > 0:
-            ranks, bq, bscale = self.quantized_basis(layer, *self._svd(X))
+            ranks, bq, bscale = self.quantized_basis(*self._svd(X))
             B = bq * bscale.float()[:, None]                                          # dequantized [R, D]
             owner = torch.repeat_interleave(torch.arange(2 * H, device=X.device), ranks)  # stream of each row
             lat = torch.einsum("rtd,rd->tr", X[owner], B)                             # [T, R]
@@ -781,6 +338,19 @@ class ALRKVDFormat(KVFormat):
             if base is not None:
                 getattr(self, f"{kv}_rbase")[layer, block_id] = base
 
+    def kernels(self, max_num_seqs):
+        """The decode kernel (kernels/alrkvd_attention.py) and, with it, the compression kernel (`encode_with_kernel`)
+        for the options the decode kernel reads."""
+        from kernels.alrkvd_attention import AlrkvdLayer, alrkvd_decode_attention
+        try:
+            layers = [AlrkvdLayer.from_format(self, i) for i in range(self.num_layers)]
+        except NotImplementedError as e:  # options the kernel does not read
+            return self._no_kernels(str(e))
+        # the kernel's merge tickets, zeros between calls: held here so a CUDA graph holds no memset
+        tickets = torch.zeros(max_num_seqs * self.num_kv_heads, dtype=torch.int32, device=self.device)
+        return FormatKernels(functools.partial(alrkvd_decode_attention, tickets=tickets), layers,
+                             self.encode_with_kernel)
+
     def compress_options(self):
         """The options the Triton compression kernel reads (kernels/alrkvd_compress.py); NotImplementedError for
         options it does not write."""
@@ -818,19 +388,19 @@ class ALRKVDFormat(KVFormat):
             v = v.float()
         layers = device_indices(layer if isinstance(layer, (list, tuple)) else [layer] * n, k.device)
         rows = layers * self.ranks.shape[1] + device_indices(block_ids, k.device)  # in the (layer, block)-flattened storage
-        self._basis_rows(layers, rows, k, v)
+        self._basis_rows(rows, k, v)
         post = opts.post_rope
         alrkvd_compress(opts, self.named_tensors(), rows, k, v,
                         start_pos=device_indices(start_pos, k.device) if post else None,
                         cos=self._rotary.cos if post else None, sin=self._rotary.sin if post else None, rot=self._rot)
 
-    def _basis_rows(self, layers: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Batched SVD, rank allocation and 8-bit basis of `encode` for blocks of any layers (`layers` [n]),
-        written to ranks/basis/basis_scale at `rows` [n] of their (layer, block)-flattened views."""
+    def _basis_rows(self, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Batched SVD, rank allocation and 8-bit basis of `encode` for blocks of any layers, written to
+        ranks/basis/basis_scale at `rows` [n] of their (layer, block)-flattened views."""
         x = torch.cat([k.float(), v.float()], dim=2).permute(0, 2, 1, 3)  # [n, 2H, T, D]
         # the format's own decomposition (batched over blocks here) and basis, as encode uses them
         svals, vh, total = (t.unflatten(0, x.shape[:2]) for t in self._svd(x.flatten(0, 1)))
-        ranks, bq, bscale = self.quantized_basis(layers, svals, vh, total)
+        ranks, bq, bscale = self.quantized_basis(svals, vh, total)
         self.ranks.flatten(0, 1)[rows] = ranks.to(torch.int16)
         self.basis.flatten(0, 1)[rows] = bq.to(torch.int8)
         self.basis_scale.flatten(0, 1)[rows] = bscale
@@ -923,70 +493,48 @@ class ALRKVDFormat(KVFormat):
         v = E[:, :, H:].reshape(n * T, H, D)
         return k.to(self.dtype), v.to(self.dtype)
 
-
-def _alrkvd_key_scores(self, layer: int, block_id: int, q: torch.Tensor, start_pos: int | None = None) -> torch.Tensor:
-    """Reference for fused kernels: q . k_hat for every token of one block, computed in the compressed
-    domain, q [T, H, D] (one query per key token, in the pre-RoPE frame of that key, i.e. RoPE^-1(pos) q):
-    (q B_s^T) . L_hat_s  +  (q' rot) . E_hat_rot  (exact tokens: q . k_exact), where q' = q for
-    ``key_frame=pre_rope`` and q' = RoPE(pos) q, the query as it is, for ``post_rope`` (then ``start_pos``
-    is the block's first position): with post_rope a kernel rotates the query by ``rot`` once and never
-    touches the key residual again.  With ``rotated`` the low-rank part takes q' as well: (q' B_s^T) is one
-    [R] vector per query and block, and no key is ever rotated.  Returns [T, H] float32."""
-    o = self.options
-    T, H, D = self.block_size, self.num_kv_heads, self.head_dim
-    q = q.float()
-    ids = torch.tensor([block_id], device=self.device)
-    qq = unpack_bits(self.k_resid[layer, ids], o["k_bits"], D)[0]
-    s_ = self.k_rscale[layer, ids][0]
-    z = self.k_rzero[layer, ids][0] if o["codebook"] == "uniform" else None
-    base = self.k_rbase[layer, ids][0] if o["scale_bits"] == 8 else None
-    e_rot = self._dequant_resid(qq, s_, z, o["k_bits"], base)                       # [T, H, D] rotated frame
-    q_res = q
-    if o["key_frame"] != "pre_rope":
-        q_res = self._rope(q, self._positions(start_pos, T))
-    q_rot = q_res @ self._rot if self._rot is not None else q_res
-    scores = (q_rot * e_rot).sum(-1)
-    R = o["rank_budget"]
-    if R > 0:
-        bb = o["basis_bits"]
-        if bb == 8:
-            bq = self.basis[layer, block_id].float()
-        else:
-            bq = unpack_bits(self.basis[layer, block_id], bb, D).float() - (1 << (bb - 1))
-        B = bq * self.basis_scale[layer, block_id].float()[:, None]                  # [R, D]
-        lat = dequant_asym(unpack_bits(self.latent[layer, block_id], o["latent_bits"], R),
-                           self.latent_scale[layer, block_id], self.latent_zero[layer, block_id])  # [T, R]
-        ranks = self.ranks[layer, block_id].long().tolist()
-        q_lr = q_res if o["key_frame"] == "rotated" else q
-        start = 0
-        for h in range(H):                                                           # key streams only
-            r = ranks[h]
-            if r:
-                qb = q_lr[:, h] @ B[start:start + r].t()                             # [T, r] latent-space query
-                scores[:, h] += (qb * lat[:, start:start + r]).sum(-1)
-            start += r
-    if o["exact_tokens"]:
-        idx = self.exact_idx[layer, block_id].long()
-        scores[idx] = (q[idx] * self.exact_k[layer, block_id].float()).sum(-1)
-    return scores
-
-
-ALRKVDFormat.key_scores = _alrkvd_key_scores
-
-
-FORMATS: dict[str, type[KVFormat]] = {
-    "full": FullFormat,
-    "fp16": FP16Format,
-    "int8": Int8Format,
-    "kivi2": _kivi(2),
-    "kivi3": _kivi(3),
-    "kivi4": _kivi(4),
-    "alrkvd": ALRKVDFormat,
-}
-
-
-def make_format(name: str, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                device, num_blocks: int, block_size: int | None = None, **options) -> KVFormat:
-    if name not in FORMATS:
-        raise ValueError(f"unknown kv format {name!r} (known: {', '.join(FORMATS)})")
-    return FORMATS[name](num_layers, num_kv_heads, head_dim, dtype, device, num_blocks, block_size, **options)
+    def key_scores(self, layer: int, block_id: int, q: torch.Tensor, start_pos: int | None = None) -> torch.Tensor:
+        """Reference for fused kernels: q . k_hat for every token of one block, computed in the compressed
+        domain, q [T, H, D] (one query per key token, in the pre-RoPE frame of that key, i.e. RoPE^-1(pos) q):
+        (q B_s^T) . L_hat_s  +  (q' rot) . E_hat_rot  (exact tokens: q . k_exact), where q' = q for
+        ``key_frame=pre_rope`` and q' = RoPE(pos) q, the query as it is, for ``post_rope`` (then ``start_pos``
+        is the block's first position): with post_rope a kernel rotates the query by ``rot`` once and never
+        touches the key residual again.  With ``rotated`` the low-rank part takes q' as well: (q' B_s^T) is one
+        [R] vector per query and block, and no key is ever rotated.  Returns [T, H] float32."""
+        o = self.options
+        T, H, D = self.block_size, self.num_kv_heads, self.head_dim
+        q = q.float()
+        ids = torch.tensor([block_id], device=self.device)
+        qq = unpack_bits(self.k_resid[layer, ids], o["k_bits"], D)[0]
+        s_ = self.k_rscale[layer, ids][0]
+        z = self.k_rzero[layer, ids][0] if o["codebook"] == "uniform" else None
+        base = self.k_rbase[layer, ids][0] if o["scale_bits"] == 8 else None
+        e_rot = self._dequant_resid(qq, s_, z, o["k_bits"], base)                       # [T, H, D] rotated frame
+        q_res = q
+        if o["key_frame"] != "pre_rope":
+            q_res = self._rope(q, self._positions(start_pos, T))
+        q_rot = q_res @ self._rot if self._rot is not None else q_res
+        scores = (q_rot * e_rot).sum(-1)
+        R = o["rank_budget"]
+        if R > 0:
+            bb = o["basis_bits"]
+            if bb == 8:
+                bq = self.basis[layer, block_id].float()
+            else:
+                bq = unpack_bits(self.basis[layer, block_id], bb, D).float() - (1 << (bb - 1))
+            B = bq * self.basis_scale[layer, block_id].float()[:, None]                  # [R, D]
+            lat = dequant_asym(unpack_bits(self.latent[layer, block_id], o["latent_bits"], R),
+                               self.latent_scale[layer, block_id], self.latent_zero[layer, block_id])  # [T, R]
+            ranks = self.ranks[layer, block_id].long().tolist()
+            q_lr = q_res if o["key_frame"] == "rotated" else q
+            start = 0
+            for h in range(H):                                                           # key streams only
+                r = ranks[h]
+                if r:
+                    qb = q_lr[:, h] @ B[start:start + r].t()                             # [T, r] latent-space query
+                    scores[:, h] += (qb * lat[:, start:start + r]).sum(-1)
+                start += r
+        if o["exact_tokens"]:
+            idx = self.exact_idx[layer, block_id].long()
+            scores[idx] = (q[idx] * self.exact_k[layer, block_id].float()).sum(-1)
+        return scores

@@ -1,0 +1,49 @@
+"""Uncompressed formats: `full` (the model dtype) and `fp16` (16 bits per value, the serving baseline)."""
+from __future__ import annotations
+
+import torch
+
+from backend.kv_formats.base import FormatKernels, KVFormat
+
+
+class FullFormat(KVFormat):
+    """Uncompressed, in the model dtype: exact (the reference the tests compare against)."""
+
+    name = "full"
+    windowed = False
+    default_block_size = 16
+
+    def store_dtype(self) -> torch.dtype:
+        return self.dtype
+
+    def _allocate(self):
+        shp = (self.block_size, self.num_kv_heads, self.head_dim)
+        self._alloc("k_cache", shp, self.store_dtype())
+        self._alloc("v_cache", shp, self.store_dtype())
+
+    def write(self, layer, block_ids, offsets, k, v):
+        b = self._ids(block_ids, self.device)
+        o = self._ids(offsets, self.device)
+        self.k_cache[layer, b, o] = k.to(self.k_cache.dtype)
+        self.v_cache[layer, b, o] = v.to(self.v_cache.dtype)
+
+    def decode(self, layer, block_ids):
+        b = self._ids(block_ids, self.device)
+        H, D = self.num_kv_heads, self.head_dim
+        return (self.k_cache[layer, b].reshape(-1, H, D).to(self.dtype),
+                self.v_cache[layer, b].reshape(-1, H, D).to(self.dtype))
+
+    def kernels(self, max_num_seqs):
+        from kernels.paged_attention import paged_decode_attention
+        layers = [(self.k_cache[i], self.v_cache[i]) for i in range(self.num_layers)]
+        return FormatKernels(paged_decode_attention, layers)
+
+
+class FP16Format(FullFormat):
+    """16 bits per value, the serving baseline: the model dtype when it is 16-bit (bf16 on GPU),
+    float16 when the model runs in float32 (CPU)."""
+
+    name = "fp16"
+
+    def store_dtype(self) -> torch.dtype:
+        return self.dtype if self.dtype in (torch.float16, torch.bfloat16) else torch.float16
