@@ -2,7 +2,10 @@
 
 Inputs and outputs follow Triton's vLLM backend, so its clients and tools work unchanged.
 Everything here runs before the engine sees the request: a bad request becomes a
-`RequestError` carrying the Triton error code, and never reaches the engine.
+`RequestError` carrying the Triton error code, and never reaches the engine. Every size is
+bounded before it is parsed (README "Limits"), and nothing a request holds names a file, a model
+or an engine option: only sampling keys, `priority` and `timeout` (and, where the test hook is
+on, `test_fault`).
 """
 
 from __future__ import annotations
@@ -35,7 +38,17 @@ ADDITIONAL_OUTPUTS = ("return_finish_reason", "return_num_input_tokens", "return
 # Request keys that are not sampling parameters: set by Triton's frontends, or taken here.
 RESERVED_PARAMETER_PREFIX = "triton_"
 PRIORITY_KEY = "priority"
-MAX_PROMPT_BYTES = 1 << 20
+# Triton's request timeout, in microseconds (its unit): tritonclient's `timeout=`, the gRPC and /infer
+# `timeout` parameter (Triton hands it to the model as `request.timeout()`), or a "timeout" key of the
+# generate endpoints (which pass it on as a plain parameter). Triton itself enforces it only in a
+# batcher's queue, which this model has none of; the engine ends the request when it passes.
+TIMEOUT_KEY = "timeout"
+MAX_TIMEOUT_S = 3600
+TEST_FAULT_KEY = "test_fault"  # the engine's fault-injection hook, accepted only with $ALRKVD_TEST_FAULTS=1
+MAX_PROMPT_BYTES = 1 << 20  # without the engine's limits (backend.sampling.MAX_PROMPT_BYTES)
+MAX_PARAMETERS_BYTES = 64 << 10  # the request's parameters, and the sampling_parameters input: JSON each
+MAX_REQUEST_ID_CHARS = 256
+MAX_PRIORITY = 1 << 31  # |priority| below this
 
 
 class RequestError(Exception):
@@ -83,14 +96,40 @@ def _coerce(key: str, value, annotation: str):
     return value
 
 
+def _short(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _integer(key: str, value, why: str) -> int:
+    """An int, or a string spelling one (vLLM-backend clients send strings); RequestError otherwise."""
+    if isinstance(value, str) and value.lstrip("-").isdigit() and len(value) < 24:
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise invalid(f"sampling parameter {key!r}={_short(value)}: {why}")
+    return value
+
+
+def parse_timeout(triton_timeout_us: int, raw_value=None) -> float | None:
+    """Seconds a request may take, from Triton's request timeout and/or a "timeout" key (microseconds
+    both; the shorter wins); None when neither is set (0 is Triton's "none")."""
+    why = f"must be an integer number of microseconds in [0, {MAX_TIMEOUT_S * 10**6}] ({MAX_TIMEOUT_S} s)"
+    limits_us = [triton_timeout_us or 0]
+    if raw_value is not None:
+        limits_us.append(_integer(TIMEOUT_KEY, raw_value, why))
+    for us in limits_us:
+        if not 0 <= us <= MAX_TIMEOUT_S * 10**6:
+            raise invalid(f"sampling parameter {TIMEOUT_KEY!r}={us}: {why}")
+    set_us = [us for us in limits_us if us > 0]
+    return min(set_us) / 1e6 if set_us else None
+
+
 def parse_sampling(raw: dict, sampling_cls, limits=None):
     """Dict from the request -> (SamplingParams, priority); RequestError on bad keys/values."""
     raw = {k: v for k, v in raw.items() if not k.startswith(RESERVED_PARAMETER_PREFIX)}
-    priority = raw.pop(PRIORITY_KEY, 0)
-    if isinstance(priority, str) and priority.lstrip("-").isdigit():
-        priority = int(priority)
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        raise invalid(f"sampling parameter 'priority'={priority!r}: must be an integer")
+    priority = _integer(PRIORITY_KEY, raw.pop(PRIORITY_KEY, 0), "must be an integer of magnitude below 2**31")
+    if not -MAX_PRIORITY < priority < MAX_PRIORITY:
+        raise invalid(f"sampling parameter 'priority'={priority}: must be an integer of magnitude below 2**31")
     annotations = {f.name: str(f.type) for f in fields(sampling_cls)}
     values = {k: _coerce(k, v, annotations[k]) if k in annotations else v for k, v in raw.items()}
     try:
@@ -119,14 +158,31 @@ def _bool_input(request, name: str) -> bool | None:
     return bool(arr.reshape(-1)[0])
 
 
-def _string_input(request, name: str) -> bytes | None:
+def _string_input(request, name: str, max_bytes: int) -> bytes | None:
     arr = _input(request, name)
     if arr is None:
         return None
     if arr.size != 1:
         raise invalid(f"input '{name}' must hold one string, got shape {list(arr.shape)}")
     value = arr.reshape(-1)[0]
-    return value if isinstance(value, bytes) else str(value).encode("utf-8")
+    value = value if isinstance(value, bytes) else str(value).encode("utf-8")
+    if len(value) > max_bytes:
+        raise invalid(f"input '{name}' has {len(value)} bytes; this model takes at most {max_bytes}")
+    return value
+
+
+def _request_parameters(request) -> dict:
+    text = request.parameters() or "{}"
+    if len(text) > MAX_PARAMETERS_BYTES:
+        raise invalid(f"the request's parameters take {len(text)} characters of JSON; at most {MAX_PARAMETERS_BYTES}")
+    return dict(json.loads(text))
+
+
+def _request_id(request, generate_id) -> str:
+    triton_id = request.request_id() or (str(generate_id) if generate_id is not None else "req")
+    if len(triton_id) > MAX_REQUEST_ID_CHARS:
+        raise invalid(f"the request id has {len(triton_id)} characters; at most {MAX_REQUEST_ID_CHARS}")
+    return triton_id
 
 
 @dataclass
@@ -141,6 +197,8 @@ class GenerateRequest:
     stream: bool
     prepend_input: bool
     additional: dict
+    deadline: float | None = None  # time.monotonic() when the engine ends it with finish_reason "timeout"
+    fault: str | None = None  # the engine's fault-injection test hook
     arrival: float = field(default_factory=time.perf_counter)
     # response state
     sent_text_len: int = 0
@@ -153,14 +211,13 @@ class GenerateRequest:
     cancelled: bool = False
 
     @classmethod
-    def parse(cls, request, sampling_cls, limits=None) -> "GenerateRequest":
-        """`limits`: the engine's `RequestLimits`, so a request is validated once, here."""
+    def parse(cls, request, sampling_cls, limits=None, allow_faults: bool = False) -> "GenerateRequest":
+        """`limits`: the engine's `RequestLimits`, so a request is validated once, here.
+        `allow_faults`: accept the `test_fault` key (the model's $ALRKVD_TEST_FAULTS)."""
         # Read and check every input; raises RequestError (INVALID_ARG) naming the problem.
-        text = _string_input(request, "text_input")
+        text = _string_input(request, "text_input", limits.max_prompt_bytes if limits else MAX_PROMPT_BYTES)
         if text is None:
             raise invalid("input 'text_input' is required")
-        if len(text) > MAX_PROMPT_BYTES:
-            raise invalid(f"input 'text_input' has {len(text)} bytes; at most {MAX_PROMPT_BYTES}")
         try:
             prompt = text.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -176,10 +233,10 @@ class GenerateRequest:
         if stream and prepend_input:
             raise invalid("when streaming, 'exclude_input_in_output' = false is not allowed")
 
-        raw = dict(json.loads(request.parameters() or "{}"))
+        raw = _request_parameters(request)
         # The generate extension's optional request "id" reaches the model as a parameter (Triton 2.51).
         generate_id = raw.pop("id", None)
-        sampling_json = _string_input(request, "sampling_parameters")
+        sampling_json = _string_input(request, "sampling_parameters", MAX_PARAMETERS_BYTES)
         if sampling_json is not None:
             try:
                 from_input = json.loads(sampling_json.decode("utf-8")) if sampling_json.strip() else {}
@@ -188,15 +245,18 @@ class GenerateRequest:
             if not isinstance(from_input, dict):
                 raise invalid("input 'sampling_parameters' must be a JSON object")
             raw.update(from_input)  # the input tensor wins over request parameters
+        timeout_s = parse_timeout(request.timeout(), raw.pop(TIMEOUT_KEY, None))
+        fault = raw.pop(TEST_FAULT_KEY, None) if allow_faults else None
         params, priority = parse_sampling(raw, sampling_cls, limits)
-
-        triton_id = request.request_id() or (str(generate_id) if generate_id is not None else "req")
+        triton_id = _request_id(request, generate_id)
         return cls(
             sender=request.get_response_sender(),
             request_id=f"{triton_id}-{uuid.uuid4().hex[:12]}",
             prompt=prompt, params=params, priority=priority, stream=stream,
             prepend_input=prepend_input,
             additional={k: bool(_bool_input(request, k)) for k in ADDITIONAL_OUTPUTS},
+            deadline=time.monotonic() + timeout_s if timeout_s is not None else None,
+            fault=str(fault) if fault is not None else None,
         )
 
     # ---- responses -----------------------------------------------------------------------
