@@ -3,7 +3,8 @@
 `LLMEngine` is synchronous: `add_request`, `step`, `abort`. Each step the scheduler picks
 decode tokens of running sequences first, then prefill chunks (long prompts are split over
 several steps), admitting waiting requests while the KV budget allows; when blocks run out
-mid-decode it preempts the newest running sequence (its KV is freed and recomputed later).
+mid-decode it preempts the newest running sequence (its KV is freed and recomputed later). A request
+past its deadline ends at the next step, waiting or running (finish_reason "timeout").
 `AsyncEngine` runs `LLMEngine` in its own thread and streams `RequestOutput`s to asyncio callers.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from backend.kv_cache import AttentionBatch, PagedKVCache, SeqKV
 from backend.kv_formats import FORMATS
 from backend.kv_presets import PRESETS, resolve_kv
 from backend.loader import load_model
-from backend.sampling import RequestLimits, SamplingParams, sample
+from backend.sampling import MAX_PROMPT_BYTES, RequestLimits, SamplingParams, sample
 from backend.step_cost import StepCost
 from backend.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -34,6 +35,19 @@ class QueueFullError(RuntimeError):
 
 class RequestFailedError(RuntimeError):
     """This request failed inside the engine (its sampling, or the step that carried it); others go on."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread stopped on an error outside a step: every request in it failed, new ones are refused."""
+
+
+class InjectedFault(RuntimeError):
+    """Raised by the fault-injection test hook (a request's `fault`): never in normal serving."""
+
+
+# Test hook (README "Faults"): a request added with fault="step" makes the step that carries it raise (its
+# requests fail, the engine goes on); fault="engine" makes the engine thread itself raise (the engine stops).
+FAULTS = ("step", "engine")
 
 
 @dataclass
@@ -126,6 +140,8 @@ class LLMEngine:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.requests: dict[str, Sequence] = {}
+        self.deadlines: dict[str, float] = {}  # request id -> its deadline, for the requests that have one
+        self.faults: dict[str, str] = {}       # request id -> injected fault (test hook, FAULTS)
         self.ids = itertools.count()
         self.num_preemptions = 0
         self.scheduled: list[Sequence] = []  # the sequences of the step under way
@@ -158,8 +174,13 @@ class LLMEngine:
         return self.tokenizer.encode(prompt)
 
     def add_request(self, prompt, params: SamplingParams, request_id: str | None = None,
-                    priority: int = 0, prompt_ids: list[int] | None = None) -> str:
+                    priority: int = 0, prompt_ids: list[int] | None = None, deadline: float | None = None,
+                    fault: str | None = None) -> str:
+        """`deadline`: a time.monotonic() value; the request ends with finish_reason "timeout" at the first
+        step after it, waiting or running, and frees its KV blocks. `fault`: the test hook (FAULTS)."""
         request_id = request_id if request_id is not None else str(next(self.ids))
+        if fault is not None and fault not in FAULTS:
+            raise ValueError(f"fault must be one of {FAULTS}, not {fault!r}")
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already running")
         ids = prompt_ids if prompt_ids is not None else self.tokenize(prompt)
@@ -172,14 +193,21 @@ class LLMEngine:
         seq = Sequence(request_id, ids, params, IncrementalDetokenizer(self.tokenizer, ids) if self.tokenizer else None, priority,
                        self.max_model_len)
         self.requests[request_id] = seq
+        if deadline is not None:
+            self.deadlines[request_id] = deadline
+        if fault is not None:
+            self.faults[request_id] = fault
         self.waiting.append(seq)
         return request_id
 
     @property
     def limits(self) -> RequestLimits:
         out = self.max_model_len - 1
+        prompt_bytes = MAX_PROMPT_BYTES if self.tokenizer is None else \
+            min(MAX_PROMPT_BYTES, (self.max_model_len - 1) * self.tokenizer.max_token_bytes)
         return RequestLimits(self.max_model_len, self.cfg.vocab_size,
-                             min(out, self.args.max_output_tokens) if self.args.max_output_tokens else out)
+                             min(out, self.args.max_output_tokens) if self.args.max_output_tokens else out,
+                             prompt_bytes)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         seq = self.requests.get(request_id)
@@ -187,6 +215,17 @@ class LLMEngine:
             return None
         seq.finish_reason = "cancelled"
         return self._finish(seq)
+
+    def expire(self, now: float | None = None) -> list[RequestOutput]:
+        """End the requests whose deadline has passed (finish_reason "timeout"), freeing their KV blocks."""
+        now = time.monotonic() if now is None else now
+        out = []
+        for request_id, deadline in list(self.deadlines.items()):
+            if deadline <= now:
+                seq = self.requests[request_id]
+                seq.finish_reason = "timeout"
+                out.append(self._finish(seq))
+        return out
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -262,6 +301,10 @@ class LLMEngine:
 
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
+        if self.deadlines:
+            expired = self.expire()
+            if expired:  # a step of its own, so a failure of the next one cannot lose these outputs
+                return expired
         with self.on_device():
             return self._step()
 
@@ -273,6 +316,8 @@ class LLMEngine:
         self.plan = scheduled
         if not scheduled:
             return []
+        if self.faults and any(self.faults.get(seq.request_id) == "step" for seq in self.scheduled):
+            raise InjectedFault("injected fault in an engine step (test hook)")
         outputs = self._run(scheduled)
         if self.step_cost is not None:  # the step's tokens have synchronised: its wall time is its cost
             num_decode = sum(1 for _, n in scheduled if n == 1)
@@ -351,6 +396,8 @@ class LLMEngine:
             if seq in q:
                 q.remove(seq)
         del self.requests[seq.request_id]
+        self.deadlines.pop(seq.request_id, None)
+        self.faults.pop(seq.request_id, None)
         return self._output(seq, list(new_ids))
 
     # ---- offline use ----------------------------------------------------------------------
@@ -405,9 +452,13 @@ class LLMEngine:
 
 
 class AsyncEngine:
-    """Runs an `LLMEngine` on its own thread; `generate` streams to any asyncio loop."""
+    """Runs an `LLMEngine` on its own thread; `generate` streams to any asyncio loop.
 
-    def __init__(self, args: EngineArgs):
+    A step that raises fails the requests it carried and the thread goes on. An error outside a step ends
+    the thread: every stream gets `EngineDeadError` at once, later calls are refused with it, and
+    `on_death(reason)` runs (the Triton model stops the server, so its health endpoints say so)."""
+
+    def __init__(self, args: EngineArgs, on_death=None):
         self.engine = LLMEngine(args)
         self.args = args
         self.graph_capture_s = self.engine.graphs.capture_all() if self.engine.graphs is not None else 0.0
@@ -419,6 +470,8 @@ class AsyncEngine:
         self.capacity = args.max_num_seqs + args.max_queue_size
         self._stats = self.engine.stats()
         self.stopped = False
+        self.dead: str | None = None  # why the engine thread stopped, once it has
+        self.on_death = on_death
         self.thread = threading.Thread(target=self._run, name="alrkvd-engine", daemon=True)
         self.thread.start()
 
@@ -430,11 +483,15 @@ class AsyncEngine:
     def limits(self) -> RequestLimits:
         return self.engine.limits
 
-    async def generate(self, prompt, params: SamplingParams, request_id: str, priority: int = 0):
+    async def generate(self, prompt, params: SamplingParams, request_id: str, priority: int = 0,
+                       deadline: float | None = None, fault: str | None = None):
+        """`deadline` (time.monotonic()) and `fault` (test hook): see `LLMEngine.add_request`."""
         prompt_ids = self.engine.tokenize(prompt)  # ValueError before anything is queued
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         with self.lock:
+            if self.dead is not None:
+                raise EngineDeadError(self.dead)
             if len(self.streams) >= self.capacity:
                 raise QueueFullError(f"request queue is full ({self.args.max_num_seqs} running, "
                                      f"{self.args.max_queue_size} waiting)")
@@ -442,7 +499,7 @@ class AsyncEngine:
                 raise ValueError(f"request id {request_id!r} is already running")
             self.streams[request_id] = (loop, q)
         # validation errors of add_request come back through the stream, before any output
-        self.inbox.put(("add", (prompt, params, request_id, priority, prompt_ids)))
+        self.inbox.put(("add", (prompt, params, request_id, priority, prompt_ids, deadline, fault)))
         self.wakeup.set()
         finished = False
         try:
@@ -482,7 +539,8 @@ class AsyncEngine:
                 del self.streams[request_id]
         if target is not None:
             loop, q = target
-            loop.call_soon_threadsafe(q.put_nowait, item)
+            with contextlib.suppress(RuntimeError):  # that caller's loop is closed: nobody to tell
+                loop.call_soon_threadsafe(q.put_nowait, item)
 
     def _drain_inbox(self):
         while True:
@@ -491,11 +549,11 @@ class AsyncEngine:
             except queue.Empty:
                 return
             if kind == "add":
-                prompt, params, request_id, priority, prompt_ids = payload
+                prompt, params, request_id, priority, prompt_ids, deadline, fault = payload
                 if request_id not in self.streams:  # aborted before it got here
                     continue
                 try:
-                    self.engine.add_request(prompt, params, request_id, priority, prompt_ids)
+                    self.engine.add_request(prompt, params, request_id, priority, prompt_ids, deadline, fault)
                 except Exception as e:
                     self._send(request_id, e)
             else:
@@ -504,6 +562,23 @@ class AsyncEngine:
                     self._send(payload, out)
 
     def _run(self):
+        try:
+            self._serve()
+        except BaseException as e:  # noqa: BLE001 - the thread ends here: nobody may be left waiting on it
+            self._die(e)
+
+    def _die(self, error: BaseException):
+        with self.lock:
+            self.dead = f"the engine stopped: {error!r}"
+            streams = list(self.streams.values())
+            self.streams.clear()
+        for loop, q in streams:
+            with contextlib.suppress(RuntimeError):  # that caller's loop is closed: nobody to tell
+                loop.call_soon_threadsafe(q.put_nowait, EngineDeadError(self.dead))
+        if self.on_death is not None:
+            self.on_death(self.dead)
+
+    def _serve(self):
         while not self.stopped:
             self._drain_inbox()
             if not self.engine.has_unfinished():
@@ -511,6 +586,8 @@ class AsyncEngine:
                 self.wakeup.wait(timeout=0.5)
                 self.wakeup.clear()
                 continue
+            if self.engine.faults and "engine" in self.engine.faults.values():
+                raise InjectedFault("injected fault in the engine thread (test hook)")
             try:
                 outputs = self.engine.step()
             except Exception as e:  # fail the requests of this step, keep serving the rest

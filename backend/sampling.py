@@ -6,13 +6,17 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+# What any request may ask, whatever the engine (README "Limits"): checked at the door, before tokenizing.
+MAX_PROMPT_BYTES = 1 << 20     # UTF-8 bytes of a prompt; an engine's own bound is usually lower (RequestLimits)
 MAX_STOP_STRINGS = 16
 SHOWN_CHARS = 80  # of a refused value, in its error message
+MAX_STOP_STRING_CHARS = 256    # each stop string; held-back text and the stop search scale with it
+MAX_STOP_TOKEN_IDS = 64        # searched on every sampled token
 # Temperatures below this sample greedily: dividing logits by 1e-300 overflows to inf/NaN (vLLM's rule too).
 GREEDY_TEMPERATURE = 1e-5
 
 
-def _show(value) -> str:
+def short(value) -> str:
     """repr of a refused value for an error message: bounded, and never raising."""
     try:
         text = repr(value)
@@ -27,6 +31,9 @@ class RequestLimits:
     max_model_len: int       # prompt + output tokens
     vocab_size: int          # bounds top_k and stop_token_ids
     max_output_tokens: int   # bounds max_tokens
+    # a longer prompt needs more than max_model_len tokens: refused before it is tokenized
+    # (tokenizing 1 MiB takes ~1.3 s of the thread that streams every response)
+    max_prompt_bytes: int = MAX_PROMPT_BYTES
 
 
 @dataclass
@@ -46,7 +53,7 @@ class SamplingParams:
         if not isinstance(d, Mapping):
             raise ValueError(f"sampling parameters must be a JSON object, not {type(d).__name__}")
         names = {f.name for f in fields(cls)}
-        unknown = sorted(map(_show, set(d) - names))  # keys of any type, shown and sorted as text
+        unknown = sorted(map(short, set(d) - names))  # keys of any type, shown and sorted as text
         if unknown:
             shown = ", ".join(unknown[:8]) + (f", ... ({len(unknown)} in all)" if len(unknown) > 8 else "")
             raise ValueError(f"unknown sampling parameter(s) [{shown}]; allowed: {sorted(names)}")
@@ -59,7 +66,7 @@ class SamplingParams:
         vocab_size = limits.vocab_size if limits else None
 
         def bad(key, why):
-            raise ValueError(f"sampling parameter {key!r}={_show(getattr(self, key))}: {why}")
+            raise ValueError(f"sampling parameter {key!r}={short(getattr(self, key))}: {why}")
 
         def is_int(x):
             return isinstance(x, int) and not isinstance(x, bool)
@@ -83,11 +90,12 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if (not isinstance(self.stop, list) or len(self.stop) > MAX_STOP_STRINGS
-                or not all(isinstance(s, str) and s for s in self.stop)):
-            bad("stop", f"must be a non-empty string or a list of at most {MAX_STOP_STRINGS} non-empty strings")
-        if not isinstance(self.stop_token_ids, list) or not all(
+                or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_STRING_CHARS for s in self.stop)):
+            bad("stop", f"must be a non-empty string or a list of at most {MAX_STOP_STRINGS} non-empty strings "
+                        f"of at most {MAX_STOP_STRING_CHARS} characters")
+        if not isinstance(self.stop_token_ids, list) or len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS or not all(
                 is_int(t) and 0 <= t < (vocab_size or 1 << 31) for t in self.stop_token_ids):
-            bad("stop_token_ids", "must be a list of token ids within the vocabulary")
+            bad("stop_token_ids", f"must be a list of at most {MAX_STOP_TOKEN_IDS} token ids within the vocabulary")
         if not isinstance(self.ignore_eos, bool):
             bad("ignore_eos", "must be a boolean")
         self.temperature, self.top_p = float(self.temperature), float(self.top_p)

@@ -209,6 +209,15 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """Most bytes of text one token stands for (81 for SmolLM2): a prompt of n tokens has at most n times
+        this many UTF-8 bytes. Byte-level tokens are spelled one character per byte; any other token is
+        counted by its UTF-8 length, which can only overstate it."""
+        byte_chars = set(_bytes_to_unicode().values())
+        return max(len(t) if all(c in byte_chars for c in t) else len(t.encode("utf-8"))
+                   for t in self.tokenizer.get_vocab())
+
     def token_to_id(self, token):
         return None if token is None else self.tokenizer.token_to_id(token)
 

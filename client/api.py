@@ -29,7 +29,7 @@ class Chunk:
     """One streamed response: the new text, plus the extra outputs when the server sent them."""
 
     text: str
-    finish_reason: str | None = None  # "stop" | "length" | "cancelled" on the last chunk
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "timeout" on the last chunk
     num_input_tokens: int | None = None
     num_output_tokens: int | None = None  # tokens in this chunk
     final: bool = False
@@ -74,15 +74,21 @@ def request_fields(prompt: str, sampling: dict, streaming: bool) -> dict:
 
 
 def stream(prompt: str, url: str | None = None, model: str = DEFAULT_MODEL, protocol: str = "grpc",
-           request_id: str = "", timeout_s: float = 600.0, **sampling) -> Iterator[Chunk]:
-    """Stream one completion; `sampling` holds SamplingParams keys (max_tokens, temperature...)."""
+           request_id: str = "", timeout_s: float = 600.0, deadline_s: float | None = None,
+           **sampling) -> Iterator[Chunk]:
+    """Stream one completion; `sampling` holds SamplingParams keys (max_tokens, temperature...).
+
+    `timeout_s`: how long this client waits for each response. `deadline_s`: how long the server may
+    take over the request, sent as Triton's request timeout (microseconds); past it the server ends
+    the stream with finish_reason "timeout"."""
     if protocol == "grpc":
         from client.grpc_stream import stream_grpc as impl
     elif protocol == "http":
         from client.http_stream import stream_http as impl
     else:
         raise ValueError(f"protocol must be 'grpc' or 'http', not {protocol!r}")
-    return impl(prompt, url or DEFAULT_URLS[protocol], model, sampling, request_id, timeout_s)
+    timeout_us = None if deadline_s is None else max(1, round(deadline_s * 1e6))
+    return impl(prompt, url or DEFAULT_URLS[protocol], model, sampling, request_id, timeout_s, timeout_us)
 
 
 def complete(prompt: str, url: str | None = None, model: str = DEFAULT_MODEL, protocol: str = "grpc",

@@ -27,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--sampling", default=None,
                    help="further sampling parameters as JSON, e.g. '{\"stop\": [\"\\n\"]}'")
+    p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
+                   help="the server ends the request after this long (finish_reason timeout)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     return p
 
@@ -46,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         result = complete(args.prompt, url=args.url, model=args.model, protocol=args.protocol,
-                          on_text=None if args.json else echo, **sampling)
+                          on_text=None if args.json else echo, deadline_s=args.deadline, **sampling)
     except ServerError as e:
         print(f"alrkvd-client: server error: {e}", file=sys.stderr)
         return 2

@@ -33,14 +33,15 @@ def _scalar(result, name, cast):
 
 
 def stream_grpc(prompt: str, url: str, model: str, sampling: dict, request_id: str = "",
-                timeout_s: float = 600.0) -> Iterator[Chunk]:
+                timeout_s: float = 600.0, timeout_us: int | None = None) -> Iterator[Chunk]:
+    """`timeout_us`: Triton's request timeout (the server's deadline for the request)."""
     client = grpcclient.InferenceServerClient(url)
     responses: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
     done = False
     try:
         client.async_stream_infer(model, _inputs(request_fields(prompt, sampling, True)),
-                                  request_id=request_id, enable_empty_final_response=True)
+                                  request_id=request_id, enable_empty_final_response=True, timeout=timeout_us)
         while not done:
             try:
                 result, error = responses.get(timeout=timeout_s)

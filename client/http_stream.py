@@ -33,10 +33,13 @@ def _error_text(body: str) -> str:
 
 
 def stream_http(prompt: str, url: str, model: str, sampling: dict, request_id: str = "",
-                timeout_s: float = 600.0) -> Iterator[Chunk]:
+                timeout_s: float = 600.0, timeout_us: int | None = None) -> Iterator[Chunk]:
+    """`timeout_us`: the request's deadline on the server, in Triton's unit (a "timeout" parameter)."""
     body = request_fields(prompt, sampling, True)
     if request_id:
         body["id"] = request_id
+    if timeout_us is not None:
+        body["timeout"] = timeout_us
     base = url if url.startswith("http") else f"http://{url}"
     # Connection: close -- a finished stream leaves no idle keep-alive connection behind, which
     # would hold up a graceful server stop.

@@ -5,9 +5,21 @@ Finds `tritonserver` in `$TRITONSERVER_HOME` (NVIDIA's image: /opt/tritonserver)
 built for the running Python, sets the library path, starts the server, waits until every model
 is ready, prints the URLs, and stops the server cleanly on SIGINT/SIGTERM.
 
-    alrkvd-serve                                # HTTP 8000, gRPC 8001, metrics 8002
+    alrkvd-serve                                # 127.0.0.1: HTTP 8000, gRPC 8001, metrics 8002
+    alrkvd-serve --host 0.0.0.0                 # every interface (a container: docker-compose.yml)
     alrkvd-serve --gpu                          # models' configs/gpu.pbtxt (KIND_GPU)
     alrkvd-serve --models smollm2 --http-port 9000
+
+Safe defaults: the endpoints bind to the loopback unless told otherwise; model control is off
+(`--model-control-mode=none`: no client can load, unload or rewrite a model; `--models` serves a
+repository of links to the chosen models); the model-repository, shared-memory, logging and trace APIs
+need a header `alrkvd-admin-key` whose value is random unless `--admin-key` names one.
+
+Stopping (SIGINT/SIGTERM): the launcher first writes the drain file ($ALRKVD_DRAIN_FILE, which the models
+watch): they refuse new requests and give running ones `exit_timeout - DRAIN_MARGIN_S` seconds before
+ending them with an error; then it stops tritonserver. A model's stub process that dies while the server
+still reports ready (Triton 2.51 neither restarts the stub of a decoupled model nor marks it not ready)
+makes the launcher stop the server and exit 1, for whatever supervises it to restart it.
 
 Importing this module is cheap (standard library only): tests and the load tests use
 `find_tritonserver`, `wait_until_ready` and `TritonLauncher` directly.
@@ -18,6 +30,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -33,6 +46,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL_REPOSITORY = REPO_ROOT / "model_repository"
 DEFAULT_HTTP_PORT, DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT = 8000, 8001, 8002
 STUB_NAME = "triton_python_backend_stub"
+DEFAULT_HOST = "127.0.0.1"
+# Triton APIs that read or change the server rather than serve a model: behind the admin key.
+ADMIN_APIS = ("model-repository", "shared-memory", "logging", "trace")
+ADMIN_HEADER = "alrkvd-admin-key"
+DRAIN_FILE_ENV = "ALRKVD_DRAIN_FILE"
+# Seconds of the exit timeout kept for what follows the drain: the models' finalize and the server's exit.
+DRAIN_MARGIN_S = 10
 
 
 class LaunchError(RuntimeError):
@@ -133,13 +153,17 @@ def prepare_backend_dir(install: TritonInstall, workdir: Path) -> Path:
     return backends
 
 
-def server_env(install: TritonInstall, base: dict[str, str] | None = None) -> dict[str, str]:
+def server_env(install: TritonInstall, base: dict[str, str] | None = None,
+               drain_file: Path | None = None) -> dict[str, str]:
     """Environment for tritonserver and the stubs it forks.
 
     The stub runs the `python3` first on PATH, so the running interpreter's bin goes first; the
-    repository root goes on PYTHONPATH so model.py can `import backend.engine`.
+    repository root goes on PYTHONPATH so model.py can `import backend.engine`; `drain_file` is
+    where the launcher announces a stop to the models ($ALRKVD_DRAIN_FILE).
     """
     env = dict(os.environ if base is None else base)
+    if drain_file is not None:
+        env[DRAIN_FILE_ENV] = str(drain_file)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     libs = [str(d) for d in install.lib_dirs]
     if env.get("LD_LIBRARY_PATH"):
@@ -151,6 +175,41 @@ def server_env(install: TritonInstall, base: dict[str, str] | None = None) -> di
 
 def list_models(model_repository: Path) -> list[str]:
     return sorted(p.name for p in model_repository.iterdir() if (p / "config.pbtxt").is_file())
+
+
+def repository_view(model_repository: Path, models: list[str], workdir: Path) -> Path:
+    """A repository under `workdir` holding links to `models` only: with model control off Triton serves
+    every model of its repository, so this is how `--models` chooses."""
+    view = workdir / "models"
+    view.mkdir(parents=True, exist_ok=True)
+    for model in models:
+        source = model_repository / model
+        if not (source / "config.pbtxt").is_file():
+            raise LaunchError(f"model {model!r} is not in {model_repository}")
+        (view / model).symlink_to(source.resolve(), target_is_directory=True)
+    return view
+
+
+def python_stubs(server_pid: int) -> dict[int, str]:
+    """pid -> model instance name (e.g. smollm2_0_0) of the Python-backend stubs `server_pid` runs."""
+    stubs = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ")"
+            ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+            if ppid != server_pid:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile, or not ours to read
+        if Path(argv[0]).name == STUB_NAME:
+            stubs[int(entry)] = argv[8] if len(argv) > 8 else "?"  # the stub's arguments: ..., ipc handle, instance
+    return stubs
 
 
 # ----------------------------------------------------------------------------------------------
@@ -225,16 +284,21 @@ class TritonLauncher:
 
     model_repository: Path = DEFAULT_MODEL_REPOSITORY
     models: list[str] | None = None  # None: every model in the repository
-    host: str = "0.0.0.0"
+    host: str = DEFAULT_HOST
     http_port: int = DEFAULT_HTTP_PORT
     grpc_port: int = DEFAULT_GRPC_PORT
     metrics_port: int = DEFAULT_METRICS_PORT
     gpu: bool = False
     log_verbose: int = 0
     exit_timeout_s: int = 30
+    admin_key: str | None = None  # None: a random one, so the admin APIs are closed to everyone
     extra_args: list[str] = field(default_factory=list)
     process: subprocess.Popen | None = field(default=None, init=False)
     _workdir: tempfile.TemporaryDirectory | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self):
+        if self.admin_key is None:
+            self.admin_key = secrets.token_urlsafe(24)
 
     @property
     def _client_host(self) -> str:
@@ -255,10 +319,16 @@ class TritonLauncher:
     def selected_models(self) -> list[str]:
         return list(self.models) if self.models else list_models(self.model_repository)
 
-    def command(self, install: TritonInstall, backends: Path) -> list[str]:
+    @property
+    def drain_file(self) -> Path | None:
+        return Path(self._workdir.name) / "drain" if self._workdir is not None else None
+
+    def command(self, install: TritonInstall, backends: Path, model_repository: Path | None = None) -> list[str]:
+        """`model_repository`: the one Triton reads (a `repository_view` when `models` chooses), default ours."""
+        restricted = f"{','.join(ADMIN_APIS)}:{ADMIN_HEADER}={self.admin_key}"
         cmd = [
             str(install.binary),
-            f"--model-repository={self.model_repository}",
+            f"--model-repository={model_repository or self.model_repository}",
             f"--backend-directory={backends}",
             f"--http-address={self.host}", f"--http-port={self.http_port}",
             f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}",
@@ -267,13 +337,14 @@ class TritonLauncher:
             f"--allow-gpu-metrics={str(self.gpu).lower()}",
             f"--exit-timeout-secs={self.exit_timeout_s}",
             f"--log-verbose={self.log_verbose}",
-            "--model-control-mode=explicit",
+            "--model-control-mode=none",  # no client loads, unloads or rewrites a model
+            f"--http-restricted-api={restricted}",
+            f"--grpc-restricted-protocol={restricted}",
             # One model initializes at a time. The Python backend (2.51) declares a stub failed when its health
             # thread misses a 1 s window during `initialize`, then waits for that stub to exit, which it never does:
             # the server hung so once in CI, two models initializing at once on 2 cores.
             "--model-load-thread-count=1",
         ]
-        cmd += [f"--load-model={m}" for m in self.selected_models()]
         if self.gpu:
             cmd.append("--model-config-name=gpu")  # <model>/configs/gpu.pbtxt
         return cmd + list(self.extra_args)
@@ -283,9 +354,12 @@ class TritonLauncher:
             raise LaunchError(f"model repository {self.model_repository} does not exist")
         install = find_tritonserver()
         self._workdir = tempfile.TemporaryDirectory(prefix="alrkvd-triton-")
-        backends = prepare_backend_dir(install, Path(self._workdir.name))
+        workdir = Path(self._workdir.name)
+        backends = prepare_backend_dir(install, workdir)
+        repository = repository_view(self.model_repository, self.models, workdir) if self.models else None
         self.process = subprocess.Popen(
-            self.command(install, backends), env=server_env(install), stdout=stdout, stderr=stderr,
+            self.command(install, backends, repository), env=server_env(install, drain_file=self.drain_file),
+            stdout=stdout, stderr=stderr,
             start_new_session=True,  # our own signal handling decides when it stops
             preexec_fn=_die_with_parent,
         )
@@ -293,15 +367,31 @@ class TritonLauncher:
     def wait_until_ready(self, timeout: float = 600.0) -> None:
         wait_until_ready(self.http_url, self.selected_models(), timeout, self.process)
 
+    def announce_drain(self) -> None:
+        """Tell the models a stop is coming: the seconds they may give running requests (the drain file)."""
+        path = self.drain_file
+        if path is None or path.exists():
+            return
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(f"{max(0, self.exit_timeout_s - DRAIN_MARGIN_S)}\n")
+        tmp.replace(path)  # the models never read a half-written file
+
+    def stubs(self) -> dict[int, str]:
+        """The server's Python-backend stubs: pid -> model instance name."""
+        return python_stubs(self.process.pid) if self.process is not None else {}
+
     def stop(self, grace_s: float | None = None) -> int | None:
-        """SIGINT (Triton's graceful exit: drain, unload, finalize), then SIGKILL after a grace."""
+        """Drain file, then SIGINT (Triton's graceful exit: unload, finalize), then SIGKILL after a grace."""
         proc = self.process
         if proc is None:
             return None
         if proc.poll() is None:
+            self.announce_drain()
             proc.send_signal(signal.SIGINT)
             try:
-                proc.wait(timeout=grace_s if grace_s is not None else self.exit_timeout_s + 15)
+                # Triton gives up at its exit timeout ("Exiting immediately"), yet its exit can then hang (seen
+                # for 15 s with a stream of a dead stub open): a few seconds more, then SIGKILL
+                proc.wait(timeout=grace_s if grace_s is not None else self.exit_timeout_s + 5)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)  # the server and its stubs
                 proc.wait()
@@ -321,6 +411,34 @@ class TritonLauncher:
         print("  stop     Ctrl-C\n", file=file, flush=True)
 
 
+class StubWatchdog:
+    """Notices a model instance whose stub process is gone while the server still reports ready.
+
+    `check()`, called often, looks at the stubs once per `interval_s` and returns the instances that had a
+    stub and have had none for two looks in a row (a stub Triton restarts comes back under the same name);
+    none while the server is not ready (stopping: its stubs exit on purpose).
+    """
+
+    def __init__(self, launcher: TritonLauncher, interval_s: float = 1.0):
+        self.launcher, self.interval_s = launcher, interval_s
+        self.instances = set(launcher.stubs().values())
+        self.missing: set[str] = set()
+        self.next_look = time.monotonic() + interval_s
+
+    def check(self) -> list[str]:
+        if time.monotonic() < self.next_look:
+            return []
+        self.next_look = time.monotonic() + self.interval_s
+        now = set(self.launcher.stubs().values())
+        gone = self.instances - now
+        lost = sorted(gone & self.missing)
+        self.missing = gone
+        self.instances |= now
+        if lost and not _http_ok(f"http://{self.launcher.http_url}/v2/health/ready"):
+            return []  # the server is stopping (or not serving at all): its stubs may go
+        return lost
+
+
 # ----------------------------------------------------------------------------------------------
 # CLI
 # ----------------------------------------------------------------------------------------------
@@ -331,7 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-repository", type=Path, default=DEFAULT_MODEL_REPOSITORY)
     p.add_argument("--models", nargs="+", default=None,
                    help="models to load (default: every model in the repository)")
-    p.add_argument("--host", default="0.0.0.0", help="address the endpoints bind to")
+    p.add_argument("--host", default=DEFAULT_HOST,
+                   help="address the endpoints bind to (default: the loopback; 0.0.0.0: every interface)")
     p.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT)
     p.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT)
     p.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT)
@@ -339,7 +458,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use each model's configs/gpu.pbtxt (KIND_GPU) instead of config.pbtxt")
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--exit-timeout", type=int, default=30,
-                   help="seconds Triton waits for in-flight requests when stopping")
+                   help="seconds Triton waits for in-flight requests when stopping (the models drain for "
+                        f"{DRAIN_MARGIN_S} s less, then end what still runs with an error)")
+    p.add_argument("--admin-key", default=os.environ.get("ALRKVD_ADMIN_KEY"),
+                   help=f"value of the {ADMIN_HEADER} header that opens the {', '.join(ADMIN_APIS)} APIs "
+                        "(default $ALRKVD_ADMIN_KEY, else random: closed)")
     p.add_argument("--ready-timeout", type=float, default=900.0,
                    help="seconds to wait for the models to load")
     p.add_argument("extra", nargs="*", help="further tritonserver options, after --")
@@ -352,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         model_repository=args.model_repository.resolve(), models=args.models, host=args.host,
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
         gpu=args.gpu, log_verbose=args.log_verbose, exit_timeout_s=args.exit_timeout,
-        extra_args=args.extra,
+        admin_key=args.admin_key, extra_args=args.extra,
     )
     stopping = []
 
@@ -373,10 +496,16 @@ def main(argv: list[str] | None = None) -> int:
             except LaunchError:
                 if launcher.process.poll() is not None or time.monotonic() > deadline:
                     raise
+        watchdog = StubWatchdog(launcher)
         while not stopping and launcher.process.poll() is None:
             time.sleep(0.2)
+            lost = watchdog.check()
+            if lost:
+                raise LaunchError(
+                    f"the Python-backend stub of {', '.join(lost)} died and tritonserver still reports ready "
+                    "(Triton 2.51 neither restarts the stub of a decoupled model nor marks it not ready): stopping")
     except LaunchError as e:
-        print(f"alrkvd-serve: {e}", file=sys.stderr)
+        print(f"alrkvd-serve: {e}", file=sys.stderr, flush=True)
         launcher.stop()
         return 1
     if stopping:

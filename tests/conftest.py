@@ -13,6 +13,9 @@ used it gets the tail of the server log in its report.
 
 Environment: ALRKVD_TEST_MODELS="smollm2" loads only those models (default: all of them);
 ALRKVD_TEST_READY_TIMEOUT seconds to wait for the models (default 900).
+
+`start_server(...)` starts another server the same way (a test repository, its own environment), for
+tests that need one of their own (tests/server/test_faults.py: they stop or break theirs).
 """
 
 from __future__ import annotations
@@ -33,8 +36,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 MODEL_REPOSITORY = REPO_ROOT / "model_repository"
 DEFAULT_MODEL = "smollm2"
 STOP_TIMEOUT_S = 90
-
-_server: "TritonServer | None" = None
 
 
 def free_ports(n: int) -> list[int]:
@@ -68,6 +69,17 @@ class TritonServer:
             return f"(no server log: {e})"
         return "\n".join(text[-lines:])
 
+    @property
+    def tritonserver_pid(self) -> int | None:
+        """The tritonserver process the launcher started (it prints its pid first)."""
+        found = re.search(r"tritonserver pid (\d+)", self.log_path.read_text(errors="replace"))
+        return int(found.group(1)) if found else None
+
+    def leftover_processes(self) -> list[str]:
+        """Processes of the server's session still alive (tritonserver leads it; its stubs share it)."""
+        pid = self.tritonserver_pid
+        return subprocess.run(["pgrep", "-s", str(pid)], capture_output=True, text=True).stdout.split() if pid else []
+
     def stop(self) -> int | None:
         """SIGTERM to the launcher, which stops tritonserver gracefully; SIGKILL as a last resort."""
         if self.process.poll() is None:
@@ -84,21 +96,22 @@ def _all_models() -> tuple[str, ...]:
     return tuple(sorted(p.name for p in MODEL_REPOSITORY.iterdir() if (p / "config.pbtxt").is_file()))
 
 
-@pytest.fixture(scope="session")
-def triton_server(tmp_path_factory) -> TritonServer:
-    global _server
+def start_server(log_dir: Path, models: tuple[str, ...], model_repository: Path = MODEL_REPOSITORY,
+                 env: dict[str, str] | None = None, exit_timeout_s: int = 15) -> TritonServer:
+    """`python -m server.serve` on free loopback ports, ready (pytest.fail with the log if not).
+    `env`: added to this process's environment."""
     from server.serve import LaunchError, wait_until_ready
 
-    models = tuple(os.environ.get("ALRKVD_TEST_MODELS", "").split()) or _all_models()
     timeout = float(os.environ.get("ALRKVD_TEST_READY_TIMEOUT", "900"))
     http, grpc, metrics = free_ports(3)
-    log_path = tmp_path_factory.mktemp("tritonserver") / "tritonserver.log"
-    cmd = [sys.executable, "-m", "server.serve", "--host", "127.0.0.1",
+    log_path = log_dir / "tritonserver.log"
+    # no --host: the launcher's default (the loopback) is what tests/server/test_server_e2e.py checks
+    cmd = [sys.executable, "-m", "server.serve", "--model-repository", str(model_repository),
            "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-           "--ready-timeout", str(timeout), "--exit-timeout", "15", "--models", *models]
+           "--ready-timeout", str(timeout), "--exit-timeout", str(exit_timeout_s), "--models", *models]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, env={**os.environ, **(env or {})})
     server = TritonServer(
         http_url=f"127.0.0.1:{http}", grpc_url=f"127.0.0.1:{grpc}",
         metrics_url=f"http://127.0.0.1:{metrics}/metrics",
@@ -112,17 +125,26 @@ def triton_server(tmp_path_factory) -> TritonServer:
         server.stop()
         pytest.fail(f"tritonserver did not start: {e}\n--- server log ---\n{server.log_tail(200)}",
                     pytrace=False)
-    print(f"\n[triton_server] ready in {time.monotonic() - start:.0f} s: {server.http_url}, "
+    print(f"\n[tritonserver] ready in {time.monotonic() - start:.0f} s: {server.http_url}, "
           f"log {log_path}", file=sys.stderr)
-    _server = server
+    return server
+
+
+@pytest.fixture(scope="session")
+def launch_server():
+    """`start_server`, for module fixtures that start a server of their own."""
+    return start_server
+
+
+@pytest.fixture(scope="session")
+def triton_server(tmp_path_factory) -> TritonServer:
+    models = tuple(os.environ.get("ALRKVD_TEST_MODELS", "").split()) or _all_models()
+    server = start_server(tmp_path_factory.mktemp("tritonserver"), models)
     yield server
-    _server = None
     code = server.stop()
     # a clean stop: the launcher exits 0 and no server or stub process is left behind (the server
     # leads its own session, which its Python-backend stubs share)
-    pid = re.search(r"tritonserver pid (\d+)", log_path.read_text(errors="replace"))
-    leftover = subprocess.run(["pgrep", "-s", pid.group(1)], capture_output=True,
-                              text=True).stdout.split() if pid else []
+    leftover = server.leftover_processes()
     assert code == 0 and not leftover, (
         f"tritonserver did not stop cleanly (launcher exit {code}, left {leftover})\n{server.log_tail(80)}")
 
@@ -131,5 +153,7 @@ def triton_server(tmp_path_factory) -> TritonServer:
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if report.failed and _server is not None and "triton_server" in getattr(item, "fixturenames", ()):
-        report.sections.append(("tritonserver log (tail)", _server.log_tail()))
+    if report.failed:
+        for name, value in getattr(item, "funcargs", {}).items():
+            if isinstance(value, TritonServer):
+                report.sections.append((f"tritonserver log (tail): {name}", value.log_tail()))

@@ -1,12 +1,15 @@
 """One request's fault stays that request's: extreme sampling values, a failing sampler, a failing
-step; and the admission bound (running + waiting) holds under a burst."""
+step; the admission bound (running + waiting) holds under a burst; deadlines; the fault-injection test
+hook; a dead engine thread fails every stream at once; the door's limits."""
 import asyncio
+import time
 
 import pytest
 import torch
 
-from backend.engine import AsyncEngine, EngineArgs, LLMEngine, QueueFullError, RequestFailedError
-from backend.sampling import SamplingParams
+from backend.engine import (AsyncEngine, EngineArgs, EngineDeadError, InjectedFault, LLMEngine, QueueFullError,
+                            RequestFailedError)
+from backend.sampling import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SamplingParams
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def add(a, b):", "Water boils at"]
 
@@ -123,3 +126,73 @@ def test_async_engine_fails_the_step_requests_only_and_admits_running_plus_waiti
         assert stats.num_free == stats.num_blocks
     finally:
         engine.shutdown()
+
+
+def test_a_deadline_ends_a_waiting_or_running_request_and_frees_its_blocks(engine):
+    reference = run(engine, {p: (p, greedy()) for p in PROMPTS[2:]})
+    now = time.monotonic()
+    long = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
+    engine.add_request(PROMPTS[0], greedy(), request_id="late", deadline=now - 1)  # past before its first step
+    engine.add_request(PROMPTS[1], long, request_id="slow", deadline=now + 0.5)
+    final = run(engine, {p: (p, greedy()) for p in PROMPTS[2:]})  # run() checks every block is free again
+    late, slow = final["late"], final["slow"]
+    assert (late.finish_reason, late.num_output_tokens, late.error) == ("timeout", 0, None)
+    assert slow.finish_reason == "timeout" and 0 < slow.num_output_tokens < 400
+    for p in PROMPTS[2:]:
+        assert final[p].token_ids == reference[p].token_ids
+    assert not engine.deadlines
+
+
+def test_an_injected_step_fault_fails_that_step_only(engine):
+    """The test hook the server's fault tests use (fault="step"): the step carrying the request raises."""
+    reference = run(engine, {PROMPTS[1]: (PROMPTS[1], greedy())})
+    engine.add_request(PROMPTS[0], greedy(), request_id="faulty", fault="step")
+    with pytest.raises(InjectedFault):
+        engine.step()
+    [failed] = engine.fail_step(InjectedFault("x"))
+    assert failed.request_id == "faulty" and failed.finish_reason == "error" and not engine.faults
+    final = run(engine, {PROMPTS[1]: (PROMPTS[1], greedy())})
+    assert final[PROMPTS[1]].token_ids == reference[PROMPTS[1]].token_ids
+    with pytest.raises(ValueError, match="fault"):
+        engine.add_request(PROMPTS[0], greedy(), fault="meltdown")
+
+
+def test_a_dead_engine_thread_fails_every_stream_at_once_and_refuses_the_next():
+    deaths = []
+    engine = AsyncEngine(EngineArgs(model="default", kv_format="full", max_num_seqs=2, max_queue_size=8),
+                         on_death=deaths.append)
+
+    async def consume(rid, fault=None, tokens=200):
+        try:
+            return [out async for out in engine.generate(PROMPTS[0], greedy(tokens), rid, fault=fault)][-1]
+        except Exception as e:  # noqa: BLE001 - the test looks at it
+            return e
+
+    async def scenario():
+        streams = [asyncio.ensure_future(consume(f"s{i}")) for i in range(4)]  # 2 running, 2 waiting
+        await asyncio.sleep(0.5)
+        fault = await consume("kill", fault="engine")
+        results = await asyncio.wait_for(asyncio.gather(*streams), timeout=10)
+        return fault, results, await consume("after")
+
+    try:
+        fault, results, after = asyncio.run(scenario())
+        for e in [fault, *results, after]:
+            assert isinstance(e, EngineDeadError) and "InjectedFault" in str(e), e
+        assert deaths == [engine.dead] and "engine stopped" in engine.dead
+        assert not engine.thread.is_alive() and not engine.streams
+    finally:
+        engine.shutdown()
+
+
+def test_door_limits_bound_stop_strings_and_prompt_bytes(engine):
+    limits = engine.limits
+    assert limits.max_prompt_bytes == (engine.max_model_len - 1) * engine.tokenizer.max_token_bytes
+    assert engine.tokenizer.max_token_bytes == 81  # SmolLM2's longest token: 80 '#' or a newline and 80 spaces
+    for bad in ({"stop": ["x" * (MAX_STOP_STRING_CHARS + 1)]}, {"stop": ["a"] * (MAX_STOP_STRINGS + 1)},
+                {"stop_token_ids": [1] * (MAX_STOP_TOKEN_IDS + 1)}):
+        with pytest.raises(ValueError, match=next(iter(bad))) as e:
+            SamplingParams.from_dict(bad, limits)
+        assert len(str(e.value)) < 400  # the message names the value without echoing all of it
+    SamplingParams.from_dict({"stop": ["x" * MAX_STOP_STRING_CHARS] * MAX_STOP_STRINGS,
+                              "stop_token_ids": [1] * MAX_STOP_TOKEN_IDS}, limits)

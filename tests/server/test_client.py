@@ -60,3 +60,8 @@ def test_cli_json_and_server_errors(triton_server):
     assert result["ttft_s"] > 0
     bad = subprocess.run(base + ["-n", "-1", "Hi"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "max_tokens" in bad.stderr
+    late = subprocess.run(base + ["--json", "-n", "400", "--deadline", "0.5", "--sampling", '{"ignore_eos": true}', "Hi"],
+                          capture_output=True, text=True, timeout=300)
+    assert late.returncode == 0, late.stderr
+    result = json.loads(late.stdout)
+    assert result["finish_reason"] == "timeout" and result["num_output_tokens"] < 400

@@ -25,6 +25,11 @@ def test_services():
     devices = triton["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
     assert services["locust-master"]["depends_on"]["triton"]["condition"] == "service_healthy"
+    # alrkvd-serve binds to the loopback by default: the container asks for every interface on purpose
+    from server.serve import build_parser
+
+    assert build_parser().parse_args(triton["command"][1:]).host == "0.0.0.0"
+    assert triton["restart"] == "on-failure"  # alrkvd-serve exits 1 when a model can no longer serve
     assert services["locust-worker"]["deploy"]["replicas"] >= 1
 
 

@@ -100,3 +100,17 @@ def test_server_options_and_thread_override(monkeypatch):
     assert ec.server_options({"parameters": params})["torch_num_threads"] == 1
     with pytest.raises(ValueError, match="torch_num_threads"):
         ec.server_options({"parameters": {"torch_num_threads": {"string_value": "many"}}})
+
+
+def test_variant_repository_changes_only_the_named_parameters(tmp_path):
+    from server.model_config import variant_repository
+
+    repo = variant_repository(tmp_path, "smollm2", {"max_queue_size": "2", "kv_options": '{"k_bits": 3}'})
+    params, base = parameters(repo / "smollm2" / "config.pbtxt"), parameters(REPO / "smollm2" / "config.pbtxt")
+    assert params["max_queue_size"]["string_value"] == "2"
+    assert json.loads(params["kv_options"]["string_value"]) == {"k_bits": 3}
+    assert {k: v for k, v in params.items() if k not in ("max_queue_size", "kv_options")} == \
+        {k: v for k, v in base.items() if k not in ("max_queue_size", "kv_options")}
+    assert (repo / "smollm2" / "1").resolve() == (REPO / "smollm2" / "1").resolve()
+    with pytest.raises(ValueError, match="no parameter 'max_queue'"):
+        variant_repository(tmp_path / "other", "smollm2", {"max_queue": "2"})

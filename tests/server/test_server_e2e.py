@@ -7,7 +7,6 @@ a full queue and the metrics on /metrics. Greedy decoding everywhere, so texts a
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 
@@ -17,46 +16,15 @@ import requests
 import tritonclient.grpc as grpcclient
 
 from client import ServerError, complete, stream
+from server_checks import CLOSE, metric, scrape, wait_for
 
 PROMPT = "Once upon a time, in a small village by the sea,"
 GREEDY = {"temperature": 0, "ignore_eos": True}
-CLOSE = {"Connection": "close"}  # no idle keep-alive connections to hold up the server's stop
 
 
 # ----------------------------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------------------------
-
-
-def scrape(server) -> dict[tuple[str, frozenset], float]:
-    """/metrics as {(name, labels): value}."""
-    out = {}
-    for line in requests.get(server.metrics_url, timeout=10, headers=CLOSE).text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = re.match(r"^([^{\s]+)(?:\{(.*)\})?\s+(\S+)$", line)
-        if not m:
-            continue
-        labels = frozenset(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
-        out[(m.group(1), labels)] = float(m.group(3))
-    return out
-
-
-def metric(samples, name: str, model: str, **labels) -> float:
-    want = {("model", model), *labels.items()}
-    for (n, ls), v in samples.items():
-        if n == name and want <= ls:
-            return v
-    raise KeyError(f"{name} {labels} for {model} not on /metrics")
-
-
-def wait_for(predicate, timeout=20.0, interval=0.25):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval)
 
 
 def http_generate(server, body: dict, model: str | None = None, stream_: bool = False):
@@ -262,6 +230,14 @@ BAD_PARAMETERS = [
     ({"seed": -1}, "seed"),
     ({"stop": [1, 2]}, "stop"),
     ({"priority": "high"}, "priority"),
+    # limits (README "Limits")
+    ({"stop": ["x" * 257]}, "256 characters"),
+    ({"stop_token_ids": list(range(65))}, "at most 64 token ids"),
+    ({"priority": 2**40}, "2**31"),
+    ({"timeout": 3600 * 10**6 + 1}, "timeout"),  # Triton's request timeout, microseconds: at most an hour
+    # nothing in a request names a file, a model or an engine option
+    ({"kv_format": "fp16", "tokenizer": "/tmp"}, "unknown sampling parameter(s) ['kv_format', 'tokenizer']"),
+    ({"test_fault": "engine"}, "unknown sampling parameter(s) ['test_fault']"),  # the test hook is off
 ]
 
 
@@ -282,14 +258,62 @@ BAD_BODIES = [
     ({"text_input": ""}, "text_input"),
     ({"text_input": "Hi", "stream": True, "exclude_input_in_output": False}, "exclude_input_in_output"),
     ({"text_input": "hello " * 2500, "max_tokens": 4}, "tokens"),
+    # refused before tokenizing: more bytes than 2,047 tokens of at most 81 bytes each can hold
+    ({"text_input": "a" * 200_000}, "this model takes at most 165807"),
+    ({"text_input": "Hi", "sampling_parameters": json.dumps({"stop": ["a"] * 20_000})}, "at most 65536"),
+    ({"text_input": "Hi", "id": "x" * 300}, "request id has 300 characters"),
+    # nothing in a request names a file or a model
+    ({"text_input": "Hi", "model": "/etc/passwd"}, "unknown sampling parameter(s) ['model']"),
+    ({"text_input": "Hi", "sampling_parameters": json.dumps({"load_format": "dummy", "lora_path": "/tmp/x"})},
+     "unknown sampling parameter(s) ['load_format', 'lora_path']"),
 ]
 
 
-@pytest.mark.parametrize("body,named", BAD_BODIES, ids=["json", "not-object", "empty", "stream-prepend", "too-long"])
+@pytest.mark.parametrize("body,named", BAD_BODIES, ids=["json", "not-object", "empty", "stream-prepend", "too-long",
+                                                       "prompt-bytes", "parameters-bytes", "request-id", "model-path",
+                                                       "engine-options"])
 def test_bad_requests_are_refused_with_400(triton_server, body, named):
     r = http_generate(triton_server, body, stream_=True)
     assert r.status_code == 400, r.text
     assert named in r.text
+    assert_serves(triton_server)
+
+
+def test_server_binds_to_the_loopback_and_keeps_model_control_off(triton_server):
+    """The launcher's defaults (tests/conftest.py passes no --host): loopback only, no model control, and the
+    repository API closed behind the admin key, over HTTP and gRPC; the model stays ready."""
+    import base64
+    import socket
+
+    argv = open(f"/proc/{triton_server.tritonserver_pid}/cmdline", "rb").read().decode().split("\0")
+    for endpoint in ("http", "grpc", "metrics"):
+        assert f"--{endpoint}-address=127.0.0.1" in argv
+    assert "--model-control-mode=none" in argv
+    port = int(triton_server.http_url.split(":")[1])
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("192.0.2.1", 9))  # no packet is sent: this picks the address of the default route
+        address = probe.getsockname()[0]
+    except OSError:
+        address = "127.0.0.1"
+    finally:
+        probe.close()
+    if not address.startswith("127."):
+        with pytest.raises(OSError):
+            socket.create_connection((address, port), timeout=2).close()
+    base = f"http://{triton_server.http_url}/v2/repository"
+    config = json.dumps({"backend": "python", "max_batch_size": 0})
+    for path, body in (("models/smollm2/unload", {}), ("index", {}),
+                       ("models/evil/load", {"parameters": {"config": config,
+                                                            "file:1/model.py": base64.b64encode(b"x").decode()}})):
+        r = requests.post(f"{base}/{path}", json=body, timeout=10, headers=CLOSE)
+        assert r.status_code == 403 and "restricted" in r.text, (path, r.status_code, r.text)
+    client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    with pytest.raises(Exception, match="restricted"):
+        client.unload_model(triton_server.model)
+    client.close()
+    assert requests.get(f"http://{triton_server.http_url}/v2/models/{triton_server.model}/ready",
+                        timeout=10, headers=CLOSE).status_code == 200
     assert_serves(triton_server)
 
 

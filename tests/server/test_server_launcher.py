@@ -1,10 +1,13 @@
-"""alrkvd-serve without a server: finding tritonserver, the backend dir, command and environment."""
+"""alrkvd-serve without a server: finding tritonserver, the backend dir, command and environment, its safe
+defaults, the drain file and what its stub watchdog looks at."""
 
 from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -77,12 +80,62 @@ def test_command_ports_models_and_gpu(tmp_path, monkeypatch):
     cmd = launcher.command(install, tmp_path)
     assert "--http-port=1" in cmd and "--grpc-port=2" in cmd and "--metrics-port=3" in cmd
     assert f"--model-repository={serve.DEFAULT_MODEL_REPOSITORY}" in cmd
-    assert {"--load-model=smollm2", "--load-model=qwen3moe_dummy"} <= set(cmd)
     assert not any(c.startswith("--model-config-name") for c in cmd)
     assert "--model-load-thread-count=1" in cmd  # models initialize one at a time (serve.py says why)
-    gpu = serve.TritonLauncher(models=["smollm2"], gpu=True).command(install, tmp_path)
-    assert "--model-config-name=gpu" in gpu and "--load-model=qwen3moe_dummy" not in gpu
+    gpu = serve.TritonLauncher(models=["smollm2"], gpu=True).command(install, tmp_path, tmp_path / "view")
+    assert "--model-config-name=gpu" in gpu and f"--model-repository={tmp_path / 'view'}" in gpu
     assert launcher.http_url == "127.0.0.1:1" and launcher.metrics_url == "http://127.0.0.1:3/metrics"
+
+
+def test_safe_defaults_loopback_no_model_control_admin_apis_closed(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITONSERVER_HOME", raising=False)
+    monkeypatch.delenv("ALRKVD_ADMIN_KEY", raising=False)
+    args = serve.build_parser().parse_args([])
+    assert args.host == serve.DEFAULT_HOST == "127.0.0.1" and args.admin_key is None
+    launcher = serve.TritonLauncher()
+    cmd = launcher.command(serve.find_tritonserver(), tmp_path)
+    for endpoint in ("http", "grpc", "metrics"):
+        assert f"--{endpoint}-address=127.0.0.1" in cmd
+    assert "--model-control-mode=none" in cmd and not any(c.startswith("--load-model") for c in cmd)
+    apis = "model-repository,shared-memory,logging,trace"
+    assert f"--http-restricted-api={apis}:alrkvd-admin-key={launcher.admin_key}" in cmd
+    assert f"--grpc-restricted-protocol={apis}:alrkvd-admin-key={launcher.admin_key}" in cmd
+    assert len(launcher.admin_key) >= 32 and serve.TritonLauncher().admin_key != launcher.admin_key
+    assert serve.build_parser().parse_args(["--host", "0.0.0.0"]).host == "0.0.0.0"
+
+
+def test_models_are_chosen_through_a_repository_of_links(tmp_path):
+    view = serve.repository_view(serve.DEFAULT_MODEL_REPOSITORY, ["smollm2"], tmp_path)
+    assert serve.list_models(view) == ["smollm2"]
+    assert (view / "smollm2").resolve() == (serve.DEFAULT_MODEL_REPOSITORY / "smollm2").resolve()
+    with pytest.raises(serve.LaunchError, match="nope"):
+        serve.repository_view(serve.DEFAULT_MODEL_REPOSITORY, ["nope"], tmp_path / "other")
+
+
+def test_a_stop_is_announced_in_the_drain_file(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITONSERVER_HOME", raising=False)
+    launcher = serve.TritonLauncher(exit_timeout_s=30)
+    launcher._workdir = tempfile.TemporaryDirectory(dir=tmp_path)
+    env = serve.server_env(serve.find_tritonserver(), {"PATH": "/usr/bin"}, drain_file=launcher.drain_file)
+    assert env[serve.DRAIN_FILE_ENV] == str(launcher.drain_file) and not launcher.drain_file.exists()
+    launcher.announce_drain()
+    assert float(launcher.drain_file.read_text()) == 30 - serve.DRAIN_MARGIN_S
+    launcher._workdir.cleanup()
+
+
+def test_python_stubs_are_the_servers_children_named_so(tmp_path):
+    """What the launcher's watchdog looks at: here this process stands in for tritonserver."""
+    # argv as Triton gives a stub: [stub, model.py, shm region, size, growth, parent, backend dir, ipc, instance]
+    argv = [str(tmp_path / serve.STUB_NAME), "-c", "import time; time.sleep(30)", *"abcde", "smollm2_0_0"]
+    child = subprocess.Popen(argv, executable=sys.executable)
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        assert serve.python_stubs(os.getpid()) == {child.pid: "smollm2_0_0"}
+    finally:
+        for p in (child, other):
+            p.kill()
+            p.wait()
+    assert serve.python_stubs(os.getpid()) == {}
 
 
 def test_defaults_are_tritons_ports():

@@ -5,16 +5,26 @@ EngineArgs in engine_config.py, metrics in triton_metrics.py. Threads:
 - Triton's, in `execute`: parse; a bad request is answered at once and never reaches the engine;
   a good one is scheduled on the event loop and `execute` returns None;
 - the event loop (`alrkvd-loop`): one `_generate` coroutine per request consuming
-  `AsyncEngine.generate`, plus `_watch_cancellations`; the engine steps on its own thread;
+  `AsyncEngine.generate`, plus `_watch`: cancellations, and the launcher's drain file; the engine steps
+  on its own thread;
 - the response thread: `InferenceResponseSender.send`, off the event loop;
 - the metrics thread (triton_metrics.MetricsLogger).
+
+Faults (README "Faults"): a request past its deadline ends with finish_reason "timeout"; a failed engine
+step fails the requests it carried; if the engine thread itself dies, every request fails at once with
+UNAVAILABLE and the model stops tritonserver (SIGTERM to its parent), the one way a Python model can make
+Triton 2.51's health endpoints stop answering ready without model control. A stop announced in the drain
+file ($ALRKVD_DRAIN_FILE, written by alrkvd-serve) refuses new requests and gives running ones the seconds
+it names before ending them with UNAVAILABLE.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -28,7 +38,10 @@ from triton_request import INPUTS, OUTPUTS, GenerateRequest, RequestError, inval
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCEL_POLL_S = 0.1
-DRAIN_TIMEOUT_S = 30.0
+DRAIN_POLL_S = 0.5
+DRAIN_TIMEOUT_S = 30.0  # at unload, when no drain file announced the stop
+DRAIN_FILE_ENV = "ALRKVD_DRAIN_FILE"  # written by alrkvd-serve (server/serve.py) when it stops the server
+TEST_FAULTS_ENV = "ALRKVD_TEST_FAULTS"  # "1": requests may carry the fault-injection test hook (never in production)
 
 
 def _import_engine(model_dir: str):
@@ -66,6 +79,9 @@ class TritonPythonModel:
         if not pb_utils.using_decoupled_model_transaction_policy(self.model_config):
             raise pb_utils.TritonModelException("the alrkvd model needs model_transaction_policy { decoupled: true }")
         self.engine_mod = _import_engine(args["model_repository"])
+        self.allow_faults = os.environ.get(TEST_FAULTS_ENV) == "1"
+        if self.allow_faults:
+            self.logger.log_warn(f"[alrkvd] ${TEST_FAULTS_ENV}=1: requests may inject engine faults (test hook)")
         self._init_engine_args()
         self._init_engine()
         self._setup_metrics()
@@ -91,7 +107,8 @@ class TritonPythonModel:
             import torch
 
             torch.set_num_threads(threads)
-        self.engine = self.engine_mod.AsyncEngine(self.engine_args)  # loads weights, starts its thread
+        # loads weights, starts its thread
+        self.engine = self.engine_mod.AsyncEngine(self.engine_args, on_death=self._on_engine_death)
 
     def _setup_metrics(self):
         labels = {"model": self.args["model_name"], "version": self.args["model_version"]}
@@ -106,11 +123,13 @@ class TritonPythonModel:
     def _start_event_loop(self):
         self._lock = threading.Lock()
         self._inflight: dict[str, GenerateRequest] = {}
-        self._stopping = False
+        self._stopping: str | None = None  # why new requests are refused
+        self._drain_file = os.environ.get(DRAIN_FILE_ENV)
+        self._drain_deadline: float | None = None  # time.monotonic() when still-running requests are ended
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self._run_loop, name="alrkvd-loop", daemon=True)
         self._loop_thread.start()
-        asyncio.run_coroutine_threadsafe(self._watch_cancellations(), self._loop)
+        asyncio.run_coroutine_threadsafe(self._watch(), self._loop)
 
     def _run_loop(self):
         asyncio.set_event_loop(self._loop)
@@ -121,9 +140,10 @@ class TritonPythonModel:
         self.metrics.start()
         for request in requests:
             try:
-                if self._stopping:
-                    raise unavailable("the model is shutting down")
-                req = GenerateRequest.parse(request, self.engine_mod.SamplingParams, self.engine.limits)
+                if self._stopping or self.engine.dead:
+                    raise unavailable(self._stopping or self.engine.dead)
+                req = GenerateRequest.parse(request, self.engine_mod.SamplingParams, self.engine.limits,
+                                            allow_faults=self.allow_faults)
             except RequestError as e:
                 self._refuse(request, e)
                 continue
@@ -136,7 +156,8 @@ class TritonPythonModel:
         return None
 
     def _refuse(self, request, error: RequestError):
-        reason = "queue_full" if error.code == "UNAVAILABLE" else "invalid"
+        reason = ("invalid" if error.code != "UNAVAILABLE" else
+                  "shutdown" if self._stopping or self.engine.dead else "queue_full")
         self.metrics.record_failure(reason)
         self._response_queue.put((request.get_response_sender(),
                                   pb_utils.InferenceResponse(error=to_triton(error)), FINAL))
@@ -144,11 +165,13 @@ class TritonPythonModel:
     # ---- the event loop ---------------------------------------------------------------------
     async def _generate(self, req: GenerateRequest):
         try:
-            async for out in self.engine.generate(req.prompt, req.params, req.request_id,
-                                                  priority=req.priority):
+            async for out in self.engine.generate(req.prompt, req.params, req.request_id, priority=req.priority,
+                                                  deadline=req.deadline, fault=req.fault):
                 self._on_output(req, out)
         except self.engine_mod.QueueFullError as e:
             self._fail(req, unavailable(str(e)), "queue_full")
+        except self.engine_mod.EngineDeadError as e:
+            self._fail(req, unavailable(str(e)), "error")
         except ValueError as e:  # the engine's own door checks: prompt too long, ...
             self._fail(req, invalid(str(e)), "invalid")
         except Exception as e:
@@ -172,9 +195,9 @@ class TritonPythonModel:
                 self.metrics.record_tokens(new, now - req.last_token_time)
             req.last_token_time = now
             req.seen_tokens = out.num_output_tokens
-        if out.finished:
+        if out.finished and not req.final_sent:  # not one already ended with an error (a stop's drain)
             self.metrics.record_finished(out.finish_reason, now - req.arrival)
-        if req.cancelled:  # nothing more goes to a client that left; the final flag follows
+        if req.cancelled:  # nothing more goes to a client that left (or was sent its error); the final flag follows
             return
         if req.wants(out):
             self._send(req, req.create_response(out), FINAL if out.finished else 0)
@@ -190,8 +213,10 @@ class TritonPythonModel:
             req.final_sent = True
         self._response_queue.put((req.sender, response, flags))
 
-    async def _watch_cancellations(self):
-        """Client gone or gRPC cancel: abort in the engine, which frees the KV blocks at once."""
+    async def _watch(self):
+        """Client gone or gRPC cancel: abort in the engine, which frees the KV blocks at once. And the
+        launcher's drain file: refuse new requests, end the running ones at the drain deadline."""
+        next_drain_look = 0.0
         while True:
             await asyncio.sleep(CANCEL_POLL_S)
             with self._lock:
@@ -204,6 +229,48 @@ class TritonPythonModel:
                 if cancelled:
                     req.cancelled = True
                     self.engine.abort(req.request_id)
+            now = time.monotonic()
+            if self._drain_file and self._drain_deadline is None and now >= next_drain_look:
+                next_drain_look = now + DRAIN_POLL_S
+                self._read_drain_file(now)
+            if self._drain_deadline is not None and now >= self._drain_deadline and active:
+                self._end_inflight("the server is shutting down: the request did not finish within the "
+                                   "drain time")
+
+    def _read_drain_file(self, now: float):
+        try:
+            with open(self._drain_file) as f:
+                drain_s = float(f.read().strip() or 0)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError):
+            drain_s = 0.0
+        self._stopping = "the server is shutting down"
+        self._drain_deadline = now + drain_s
+        self.logger.log_info(f"[alrkvd] stop announced: no new requests; {self._count_inflight()} running "
+                             f"request(s) get {drain_s:g} s to finish")
+
+    def _end_inflight(self, message: str):
+        """On the event loop: send each running request an UNAVAILABLE error and abort it in the engine."""
+        with self._lock:
+            pending = [r for r in self._inflight.values() if not r.final_sent]
+        for req in pending:
+            req.cancelled = True  # its remaining outputs go nowhere
+            self._fail(req, unavailable(f"{message} ({req.seen_tokens} tokens generated)"), "shutdown")
+            self.engine.abort(req.request_id)
+        if pending:
+            self.logger.log_warn(f"[alrkvd] ended {len(pending)} request(s) still running: {message}")
+
+    def _on_engine_death(self, reason: str):
+        """The engine thread stopped (its requests have failed): stop tritonserver, so the health endpoints
+        stop answering ready and whatever supervises the server restarts it (Triton 2.51 cannot mark one
+        model not ready with model control off)."""
+        self._stopping = reason
+        parent = os.getppid()  # the stub's parent: tritonserver
+        self.logger.log_error(f"[alrkvd] {self.args['model_name']}: {reason}; stopping tritonserver "
+                              f"(pid {parent})")
+        if parent > 1:
+            os.kill(parent, signal.SIGTERM)
 
     # ---- the response thread -----------------------------------------------------------------
     def _response_loop(self):
@@ -222,20 +289,18 @@ class TritonPythonModel:
 
     # ---- finalize ----------------------------------------------------------------------------
     def finalize(self):
-        """Refuse new requests, let in-flight ones finish (then abort stragglers), stop threads."""
-        self._stopping = True
-        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        """Refuse new requests, let in-flight ones finish (until the drain deadline, or DRAIN_TIMEOUT_S when
+        no stop was announced), end the rest with an error, stop threads."""
+        self._stopping = self._stopping or "the model is shutting down"
+        deadline = self._drain_deadline or time.monotonic() + DRAIN_TIMEOUT_S
         while self._count_inflight() and time.monotonic() < deadline:
             time.sleep(0.1)
-        with self._lock:
-            leftover = list(self._inflight)
-        for request_id in leftover:
-            self.engine.abort(request_id)
+        if self._count_inflight():
+            self._loop.call_soon_threadsafe(self._end_inflight, "the model is unloading: the request did not "
+                                            "finish in time")
         deadline = time.monotonic() + 5.0
         while self._count_inflight() and time.monotonic() < deadline:
             time.sleep(0.05)
-        if leftover:
-            self.logger.log_warn(f"[alrkvd] aborted {len(leftover)} request(s) still running at unload")
         self.engine.shutdown()
         try:
             asyncio.run_coroutine_threadsafe(self._cancel_tasks(), self._loop).result(timeout=5)

@@ -4,7 +4,9 @@ Pure (numpy and the standard library, no Triton), so every path is tested withou
 (tests/engine/test_request_fuzz.py); triton_request.py reads a request's tensors into a dict and
 calls `parse_inputs`. Inputs and outputs follow Triton's vLLM backend, so its clients and tools work
 unchanged. A bad request becomes a `RequestError` carrying the Triton error code's name, and never
-reaches the engine.
+reaches the engine. Every size is bounded before it is parsed (README "Limits"), and nothing a
+request holds names a file, a model or an engine option: only sampling keys, `priority` and
+`timeout` (and, where the test hook is on, `test_fault`).
 """
 
 from __future__ import annotations
@@ -35,8 +37,17 @@ ADDITIONAL_OUTPUTS = ("return_finish_reason", "return_num_input_tokens", "return
 # Request keys that are not sampling parameters: set by Triton's frontends, or taken here.
 RESERVED_PARAMETER_PREFIX = "triton_"
 PRIORITY_KEY = "priority"
-MAX_PROMPT_BYTES = 1 << 20
+# Triton's request timeout, in microseconds (its unit): tritonclient's `timeout=`, the gRPC and /infer
+# `timeout` parameter (Triton hands it to the model as `request.timeout()`), or a "timeout" key of the
+# generate endpoints (which pass it on as a plain parameter). Triton itself enforces it only in a
+# batcher's queue, which this model has none of; the engine ends the request when it passes.
+TIMEOUT_KEY = "timeout"
+MAX_TIMEOUT_S = 3600
+TEST_FAULT_KEY = "test_fault"  # the engine's fault-injection hook, accepted only with $ALRKVD_TEST_FAULTS=1
+MAX_PROMPT_BYTES = 1 << 20  # without the engine's limits (backend.sampling.MAX_PROMPT_BYTES)
+MAX_PARAMETERS_BYTES = 64 << 10  # the request's parameters, and the sampling_parameters input: JSON each
 MAX_ID_CHARS = 256
+MAX_PRIORITY = 1 << 31  # |priority| below this
 SHOWN_CHARS = 80  # of a refused value, in its error message
 
 
@@ -94,15 +105,38 @@ def _coerce(value, annotation: str):
     return value
 
 
-def _priority(value) -> int:
+def _integer(key: str, value, why: str) -> int:
+    """An int, or a string spelling one (vLLM-backend clients send strings); RequestError otherwise."""
     if isinstance(value, str):
         try:
             value = int(value)
-        except ValueError:
+        except ValueError:  # not an integer ("²" passes isdigit), or one of more than 4,300 digits
             pass
-    if not isinstance(value, int) or isinstance(value, bool) or not -(1 << 63) <= value < 1 << 63:
-        raise invalid(f"sampling parameter 'priority'={show(value)}: must be a 64-bit integer")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise invalid(f"sampling parameter {key!r}={show(value)}: {why}")
     return value
+
+
+def _priority(value) -> int:
+    why = "must be an integer of magnitude below 2**31"
+    value = _integer(PRIORITY_KEY, value, why)
+    if not -MAX_PRIORITY < value < MAX_PRIORITY:
+        raise invalid(f"sampling parameter 'priority'={show(value)}: {why}")
+    return value
+
+
+def parse_timeout(triton_timeout_us: int, raw_value=None) -> float | None:
+    """Seconds a request may take, from Triton's request timeout and/or a "timeout" key (microseconds
+    both; the shorter wins); None when neither is set (0 is Triton's "none")."""
+    why = f"must be an integer number of microseconds in [0, {MAX_TIMEOUT_S * 10**6}] ({MAX_TIMEOUT_S} s)"
+    limits_us = [triton_timeout_us or 0]
+    if raw_value is not None:
+        limits_us.append(_integer(TIMEOUT_KEY, raw_value, why))
+    for us in limits_us:
+        if not 0 <= us <= MAX_TIMEOUT_S * 10**6:
+            raise invalid(f"sampling parameter {TIMEOUT_KEY!r}={show(us)}: {why}")
+    set_us = [us for us in limits_us if us > 0]
+    return min(set_us) / 1e6 if set_us else None
 
 
 def parse_sampling(raw: Mapping, sampling_cls, limits=None):
@@ -140,16 +174,18 @@ def _bool_input(inputs: Mapping, name: str) -> bool | None:
     return None if value is None else bool(value)
 
 
-def _string_input(inputs: Mapping, name: str) -> bytes | None:
+def _string_input(inputs: Mapping, name: str, max_bytes: int) -> bytes | None:
     value = _one(inputs, name, "string")
-    if value is None or isinstance(value, bytes):  # BYTES tensors arrive as bytes objects
-        return value
     if isinstance(value, str):
         try:
-            return value.encode("utf-8")
+            value = value.encode("utf-8")
         except UnicodeEncodeError as e:
             raise invalid(f"input '{name}' is not valid UTF-8: {e}") from None
-    raise invalid(f"input '{name}' must be a string (BYTES), got {type(value).__name__}")
+    if value is not None and not isinstance(value, bytes):  # BYTES tensors arrive as bytes objects
+        raise invalid(f"input '{name}' must be a string (BYTES), got {type(value).__name__}")
+    if value is not None and len(value) > max_bytes:
+        raise invalid(f"input '{name}' has {len(value)} bytes; this model takes at most {max_bytes}")
+    return value
 
 
 def _json_object(text, what: str) -> dict:
@@ -171,7 +207,7 @@ def _id_label(value) -> str | None:
     """The generate extension's request "id", as a label for the engine's request id."""
     if value is None:
         return None
-    return (value if isinstance(value, str) else show(value))[:MAX_ID_CHARS]
+    return value if isinstance(value, str) else show(value)  # its length is checked with Triton's id
 
 
 @dataclass(frozen=True)
@@ -185,18 +221,20 @@ class ParsedInputs:
     prepend_input: bool  # non-streamed text repeats the prompt
     additional: dict  # ADDITIONAL_OUTPUTS -> bool
     generate_id: str | None  # the generate extension's "id", when no Triton request id
+    timeout_s: float | None = None  # the engine ends the request this long after it arrived
+    fault: str | None = None  # the engine's fault-injection test hook
 
 
-def parse_inputs(inputs: Mapping[str, np.ndarray], parameters: str, sampling_cls, limits=None) -> ParsedInputs:
+def parse_inputs(inputs: Mapping[str, np.ndarray], parameters: str, sampling_cls, limits=None,
+                 triton_timeout_us: int = 0, allow_faults: bool = False) -> ParsedInputs:
     """A request's input tensors (name -> numpy array, as `as_numpy()` gives them) and its parameters
     (Triton's JSON text) -> ParsedInputs; RequestError (INVALID_ARG) naming the first problem.
 
-    `limits`: the engine's `RequestLimits`, so a request is validated once, here."""
-    text = _string_input(inputs, "text_input")
+    `limits`: the engine's `RequestLimits`, so a request is validated once, here. `triton_timeout_us`:
+    Triton's request timeout. `allow_faults`: accept the `test_fault` key (the model's $ALRKVD_TEST_FAULTS)."""
+    text = _string_input(inputs, "text_input", limits.max_prompt_bytes if limits else MAX_PROMPT_BYTES)
     if text is None:
         raise invalid("input 'text_input' is required")
-    if len(text) > MAX_PROMPT_BYTES:
-        raise invalid(f"input 'text_input' has {len(text)} bytes; at most {MAX_PROMPT_BYTES}")
     try:
         prompt = text.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -212,14 +250,20 @@ def parse_inputs(inputs: Mapping[str, np.ndarray], parameters: str, sampling_cls
     if stream and prepend_input:
         raise invalid("when streaming, 'exclude_input_in_output' = false is not allowed")
 
+    if len(parameters or "") > MAX_PARAMETERS_BYTES:
+        raise invalid(f"the request's parameters take {len(parameters)} characters of JSON; "
+                      f"at most {MAX_PARAMETERS_BYTES}")
     raw = _json_object(parameters or "{}", "the request parameters")
     # The generate extension's optional request "id" reaches the model as a parameter (Triton 2.51).
     generate_id = _id_label(raw.pop("id", None))
-    sampling_json = _string_input(inputs, "sampling_parameters")
+    sampling_json = _string_input(inputs, "sampling_parameters", MAX_PARAMETERS_BYTES)
     if sampling_json is not None:
         raw.update(_json_object(sampling_json, "input 'sampling_parameters'"))  # the input wins
+    timeout_s = parse_timeout(triton_timeout_us, raw.pop(TIMEOUT_KEY, None))
+    fault = raw.pop(TEST_FAULT_KEY, None) if allow_faults else None
     params, priority = parse_sampling(raw, sampling_cls, limits)
     return ParsedInputs(prompt=prompt, params=params, priority=priority, stream=stream,
                         prepend_input=prepend_input,
                         additional={k: bool(_bool_input(inputs, k)) for k in ADDITIONAL_OUTPUTS},
-                        generate_id=generate_id)
+                        generate_id=generate_id, timeout_s=timeout_s,
+                        fault=str(fault) if fault is not None else None)

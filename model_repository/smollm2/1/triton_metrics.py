@@ -20,8 +20,9 @@ TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
                 7.5, 10.0, 20.0, 40.0, 80.0]
 E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                120.0, 240.0, 480.0, 960.0]
-FINISH_REASONS = ("stop", "length", "cancelled")
-FAILURE_REASONS = ("invalid", "queue_full", "error")
+FINISH_REASONS = ("stop", "length", "cancelled", "timeout")
+# refused at the door (invalid, queue_full), failed in the engine (error), ended or refused by a stop (shutdown)
+FAILURE_REASONS = ("invalid", "queue_full", "error", "shutdown")
 
 
 EXPERT_GAUGES = {
@@ -174,7 +175,7 @@ class MetricsLogger:
             reason, e2e = item[1], item[2]
             if reason in m.request_success:
                 m.request_success[reason].increment(1)
-            if reason != "cancelled":
+            if reason not in ("cancelled", "timeout"):  # ended early: not a latency of the server
                 m.e2e_latency.observe(e2e)
             self._refresh()
         elif kind == "failure":

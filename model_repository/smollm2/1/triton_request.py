@@ -55,6 +55,8 @@ class GenerateRequest:
     stream: bool
     prepend_input: bool
     additional: dict
+    deadline: float | None = None  # time.monotonic() when the engine ends it with finish_reason "timeout"
+    fault: str | None = None  # the engine's fault-injection test hook
     arrival: float = field(default_factory=time.perf_counter)
     # response state
     sent_text_len: int = 0
@@ -67,17 +69,21 @@ class GenerateRequest:
     cancelled: bool = False
 
     @classmethod
-    def parse(cls, request, sampling_cls, limits=None) -> "GenerateRequest":
+    def parse(cls, request, sampling_cls, limits=None, allow_faults: bool = False) -> "GenerateRequest":
         """Read the request's tensors and parameters, check them (request_parsing.parse_inputs);
-        RequestError (INVALID_ARG) naming the problem. `limits`: the engine's `RequestLimits`."""
+        RequestError (INVALID_ARG) naming the problem. `limits`: the engine's `RequestLimits`;
+        `allow_faults`: accept the `test_fault` key (the model's $ALRKVD_TEST_FAULTS)."""
         p = parse_inputs(input_arrays(request), _utf8(request.parameters, "the request parameters"),
-                         sampling_cls, limits)
-        triton_id = (_utf8(request.request_id, "the request id") or p.generate_id or "req")[:MAX_ID_CHARS]
+                         sampling_cls, limits, request.timeout(), allow_faults)
+        triton_id = _utf8(request.request_id, "the request id") or p.generate_id or "req"
+        if len(triton_id) > MAX_ID_CHARS:
+            raise invalid(f"the request id has {len(triton_id)} characters; at most {MAX_ID_CHARS}")
         return cls(
             sender=request.get_response_sender(),
             request_id=f"{triton_id}-{uuid.uuid4().hex[:12]}",
             prompt=p.prompt, params=p.params, priority=p.priority, stream=p.stream,
             prepend_input=p.prepend_input, additional=p.additional,
+            deadline=time.monotonic() + p.timeout_s if p.timeout_s is not None else None, fault=p.fault,
         )
 
     # ---- responses -----------------------------------------------------------------------
