@@ -245,8 +245,8 @@ class LLMEngine:
 
     def schedule(self) -> list[tuple[Sequence, int]]:
         """The step's plan, (sequence, tokens): every running decode first, so no stream waits for a
-        prompt; then prompt chunks (running ones, then newly admitted) within the token budget, which
-        `max_step_ms` shrinks to what the measured step costs allow."""
+        prompt; then prompt chunks (running ones, then newly admitted) within the token budget. With
+        `max_step_ms`, the budget is what the measured step costs allow and the shortest prompts go first."""
         self.running = self._order(self.running)
         scheduled: list[tuple[Sequence, int]] = []
         for seq in [s for s in self.running if s.num_pending == 1]:
@@ -263,30 +263,32 @@ class LLMEngine:
         budget = self.args.max_num_batched_tokens - len(scheduled)
         if self.step_cost is not None:
             budget = self.step_cost.prefill_budget(len(scheduled), self.args.max_num_batched_tokens)
-        for seq in [s for s in self.running if s.num_pending > 1]:
-            n = min(seq.num_pending, budget)
-            if n == 0 or seq not in self.running:
-                continue
-            while not self.cache.can_allocate(seq.kv, n):  # preempt the newest, never a scheduled decode
-                victim = next(s for s in reversed(self.running) if all(s is not t for t, _ in scheduled))
-                self._preempt(victim)
-                if victim is seq:
-                    break
-            if seq not in self.running:
-                continue
-            self.cache.allocate(seq.kv, n)
-            scheduled.append((seq, n))
-            budget -= n
         self.waiting = self._order(self.waiting)
-        while self.waiting and budget > 0 and len(self.running) < self.args.max_num_seqs:
-            seq = self.waiting[0]
-            n = min(seq.num_pending, budget)
-            # admit only with a block to spare per running sequence, so decodes do not thrash
-            if not self.cache.can_allocate(seq.kv, n, reserve=len(self.running)):
+        candidates = [s for s in self.running if s.num_pending > 1] + self.waiting
+        if self.step_cost is not None:  # shortest prompt first: a chat's few tokens never queue behind a document
+            candidates.sort(key=lambda s: s.num_pending)
+        for seq in candidates:
+            if budget == 0:
                 break
-            self.waiting.pop(0)
+            n = min(seq.num_pending, budget)
+            if seq in self.running:
+                while not self.cache.can_allocate(seq.kv, n):  # preempt the newest, never a scheduled decode
+                    victim = next(s for s in reversed(self.running) if all(s is not t for t, _ in scheduled))
+                    self._preempt(victim)
+                    if victim is seq:
+                        break
+                if seq not in self.running:
+                    continue
+            else:
+                # admit only with a block to spare per running sequence, so decodes do not thrash
+                if (len(self.running) >= self.args.max_num_seqs
+                        or not self.cache.can_allocate(seq.kv, n, reserve=len(self.running))):
+                    if self.step_cost is None:
+                        break  # first come, first served: nobody overtakes the head of the queue
+                    continue
+                self.waiting.remove(seq)
+                self.running.append(seq)
             self.cache.allocate(seq.kv, n)
-            self.running.append(seq)
             scheduled.append((seq, n))
             budget -= n
         return scheduled

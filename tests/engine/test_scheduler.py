@@ -71,3 +71,20 @@ def test_step_cost_budget():
     for _ in range(40):                                               # decodes alone now past the target
         cost.observe(num_decode=4, num_prefill=0, ms=60.0)
     assert cost.prefill_budget(num_decode=4, max_tokens=512) == 16    # prompts still progress
+
+
+def test_short_prompts_go_first_under_a_step_target():
+    """With `max_step_ms`, a chat arriving while a document's prompt is being chunked is prefilled first:
+    its first token comes before the document's."""
+    engine = LLMEngine(EngineArgs(model="default", kv_format="full", max_num_seqs=4, max_num_batched_tokens=256,
+                                  max_step_ms=1e-3))
+    first = {}
+    engine.add_request(DOCUMENT, greedy(2), request_id="doc")
+    for step in range(200):
+        if step == 1:  # the document took the whole first step: nobody was streaming
+            engine.add_request(CHAT, greedy(2), request_id="chat")
+        for out in engine.step():
+            first.setdefault(out.request_id, step)
+        if not engine.has_unfinished():
+            break
+    assert first["chat"] < first["doc"]
