@@ -1,5 +1,5 @@
 """Stall-free batching under load: the same Locust load (loadtest/tenants_mixed.yaml: chats streaming
-while documents arrive) against the default model as configured, then with `max_step_ms` set, one server,
+while documents arrive) against the default model without `max_step_ms`, then with it, one server,
 one run. The chat tenant's inter-token latency p99 against its p50 says whether prompts stall streams.
 
     python -m benchmarks.bench_stall_free --target-ms 150 --users 6 --run-time 180s --out reports/stall_free
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import socket
 import tempfile
 from pathlib import Path
@@ -22,7 +23,10 @@ BASE = REPO_ROOT / "model_repository" / "smollm2"
 def write_variant(repo: Path, name: str, params: dict) -> None:
     text = (BASE / "config.pbtxt").read_text().replace('name: "smollm2"', f'name: "{name}"')
     for key, value in params.items():
-        text = text.replace("parameters: [\n", f'parameters: [\n  {{ key: "{key}", value: {{ string_value: "{value}" }} }},\n')
+        entry = f'{{ key: "{key}", value: {{ string_value: "{value}" }} }}'
+        text, n = re.subn(rf'\{{ key: "{key}", value: \{{ string_value: "[^"]*" \}} \}}', entry, text)
+        if n == 0:
+            text = text.replace("parameters: [\n", f"parameters: [\n  {entry},\n")
     (repo / name).mkdir(parents=True)
     (repo / name / "config.pbtxt").write_text(text)
     (repo / name / "1").symlink_to(BASE / "1", target_is_directory=True)
@@ -59,7 +63,7 @@ def main(argv=None) -> int:
     p.add_argument("--tenants", default=str(REPO_ROOT / "loadtest" / "tenants_mixed.yaml"))
     p.add_argument("--out", type=Path, default=Path("reports/stall_free"))
     a = p.parse_args(argv)
-    arms = {"smollm2_base": {}, "smollm2_stallfree": {"max_step_ms": a.target_ms}}
+    arms = {"smollm2_base": {"max_step_ms": "none"}, "smollm2_stallfree": {"max_step_ms": a.target_ms}}
     results = {}
     with tempfile.TemporaryDirectory(prefix="alrkvd-stallfree-") as tmp:
         repo = Path(tmp) / "model_repository"
