@@ -12,9 +12,10 @@ GPU ?=
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
 LOADTEST_ARGS ?=
+SOAK_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: setup serve test loadtest bench-triton clean-venv
+.PHONY: setup serve test loadtest soak bench-triton clean-venv
 
 setup: $(STAMP)
 
@@ -39,6 +40,11 @@ test: setup
 # The Locust suite (loadtest/) against a server it starts through tests' fixtures/launcher.
 loadtest: setup
 	$(PY) -m loadtest.run --out reports/loadtest $(LOADTEST_ARGS)
+
+# Soak: 60 minutes of mixed load (cancellations, bad requests) on a fresh server, watching memory, KV blocks,
+# fds and threads (docs/LOADTEST.md); e.g. make soak SOAK_ARGS="--duration 10m". Exit 1 when a rule fails.
+soak: setup
+	$(PY) -m loadtest.soak --out reports/soak $(SOAK_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)
