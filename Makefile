@@ -12,10 +12,11 @@ GPU ?=
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
 LOADTEST_ARGS ?=
+SOAK_ARGS ?=
 BENCH_ARGS ?=
 FUZZ_ARGS ?=
 
-.PHONY: setup serve test loadtest fuzz bench-triton clean-venv
+.PHONY: setup serve test loadtest fuzz soak bench-triton clean-venv
 
 setup: $(STAMP)
 
@@ -45,6 +46,11 @@ loadtest: setup
 # starts through the launcher; the summary (counts by outcome, examples) in reports/fuzz.json.
 fuzz: setup
 	$(PY) -m loadtest.fuzz --start-server --cases 3000 --out reports/fuzz.json $(FUZZ_ARGS)
+
+# Soak: 60 minutes of mixed load (cancellations, bad requests) on a fresh server, watching memory, KV blocks,
+# fds and threads (docs/LOADTEST.md); e.g. make soak SOAK_ARGS="--duration 10m". Exit 1 when a rule fails.
+soak: setup
+	$(PY) -m loadtest.soak --out reports/soak $(SOAK_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -11,4 +11,6 @@ report.py   summary.json, report.md, PNG plots from the raw files
 run.py      `python -m loadtest.run`: headless Locust run + report (`make loadtest`)
 kv_benchmark.py  A/B of KV-cache formats on the default model (BENCHMARKS.md)
 fuzz.py     `python -m loadtest.fuzz`: malformed and random requests over HTTP and gRPC, answers classified (`make fuzz`)
+soak.py     `python -m loadtest.soak`: long mixed load with cancels and bad requests, watching the
+            server's memory, KV blocks, fds and threads (`make soak`)
 """

@@ -32,6 +32,12 @@ STREAM_ERROR = "stream_error"  # an error event/response after the stream had st
 TRUNCATED = "truncated"  # the stream ended early: connection broke mid-body, no final response, no tokens
 TIMEOUT = "timeout"  # the request ran past its deadline (client side)
 FAILURE_KINDS = (CONNECT, HTTP, STREAM_ERROR, TRUNCATED, TIMEOUT)
+# Not a failure of the server: the client dropped the stream on purpose (a tenant's `cancel`).
+CANCELLED = "cancelled"
+
+# What a request was built to provoke (a tenant's `cancel` / `invalid`), and the outcomes that meet it.
+EXPECT_CANCEL = "cancel"  # the client drops the stream mid-way: CANCELLED (or ok, had it already ended)
+EXPECT_INVALID = "invalid"  # a bad request: refused before any output (HTTP 400 / gRPC INVALID_ARG)
 
 
 @dataclass
@@ -58,6 +64,8 @@ class RequestRecord:
     sched_lag: float | None = None  # Poisson arrivals: actual send - scheduled send, seconds
     warmup: bool = False
     worker: int = 0
+    expect: str | None = None  # None: an ordinary request; EXPECT_CANCEL | EXPECT_INVALID
+    invalid_kind: str | None = None  # the kind of bad request (tenants.INVALID_KINDS)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -70,6 +78,28 @@ class RequestRecord:
     @property
     def ok(self) -> bool:
         return self.error_kind is None
+
+
+def outcome_of(rec: RequestRecord) -> str:
+    """The request's outcome in words: "ok", "cancelled", "refused" (a bad request answered with an
+    error before any output, as it should be), "accepted" (a bad request that was served), or the
+    failure kind."""
+    if rec.expect == EXPECT_INVALID:
+        if rec.error_kind == HTTP and not rec.piece_t:
+            return "refused"
+        return "accepted" if rec.ok else rec.error_kind
+    return "ok" if rec.ok else rec.error_kind
+
+
+def expected(rec: RequestRecord) -> bool:
+    """Whether the outcome is the one the request was built for: ok for an ordinary request; cancelled
+    (or ok: it ended before the client dropped it) for a cancel; refused for a bad request."""
+    o = outcome_of(rec)
+    if rec.expect == EXPECT_INVALID:
+        return o == "refused"
+    if rec.expect == EXPECT_CANCEL:
+        return o in ("ok", CANCELLED)
+    return o == "ok"
 
 
 @dataclass(frozen=True)

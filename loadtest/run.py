@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -34,6 +35,18 @@ from urllib.parse import urlparse
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 DEFAULT_TENANTS = Path(__file__).with_name("tenants.yaml")
+_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$")
+
+
+def parse_duration(text: str | float | int) -> float:
+    """'90', '90s', '1m30s', '1h' -> seconds (the shapes' and the soak's durations; no Locust here)."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    m = _DURATION.match(str(text))
+    if not m or not any(m.groups()):
+        raise ValueError(f"bad duration {text!r} (e.g. 30s, 2m, 1m30s)")
+    h, mi, s = (float(g) if g else 0.0 for g in m.groups())
+    return h * 3600 + mi * 60 + s
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,9 +124,10 @@ def is_ready(host: str, models: list[str] = (), timeout: float = 2.0) -> bool:
     return True
 
 
-def start_server(host: str, grpc_url: str, models: list[str], timeout: float, log_path: Path):
-    """Start tritonserver with the project's launcher (server.serve) on the ports of `host` / `grpc_url`;
-    its output goes to `log_path`."""
+def start_server(host: str, grpc_url: str, models: list[str], timeout: float, log_path: Path,
+                 metrics_port: int | None = None):
+    """Start tritonserver with the project's launcher (server.serve) on the ports of `host` / `grpc_url`
+    (metrics: `metrics_port`, default the HTTP port + 2); its output goes to `log_path`."""
     from server.serve import LaunchError, TritonLauncher
 
     u = urlparse(_http_url(host))
@@ -121,8 +135,10 @@ def start_server(host: str, grpc_url: str, models: list[str], timeout: float, lo
         raise SystemExit(f"no server at {host}, and one can only be started on this machine")
     http_port = u.port or 8000
     grpc_port = int(grpc_url.rsplit(":", 1)[1]) if grpc_url else 8001
+    if metrics_port is None:
+        metrics_port = http_port + 2 if http_port + 2 != grpc_port else http_port + 3
     launcher = TritonLauncher(models=models, host="127.0.0.1", http_port=http_port, grpc_port=grpc_port,
-                              metrics_port=http_port + 2 if http_port + 2 != grpc_port else http_port + 3)
+                              metrics_port=metrics_port)
     print(f"starting tritonserver with {', '.join(models)} on HTTP {http_port}, gRPC {grpc_port} "
           f"(log: {log_path}) ...", flush=True)
     with open(log_path, "ab") as log:

@@ -9,22 +9,9 @@ leave against that schedule is recorded per request (`sched_lag`) and reported.
 
 from __future__ import annotations
 
-import re
-
 from locust import LoadTestShape
 
-_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$")
-
-
-def parse_duration(text: str | float | int) -> float:
-    """'90', '90s', '1m30s', '1h' -> seconds."""
-    if isinstance(text, (int, float)):
-        return float(text)
-    m = _DURATION.match(str(text))
-    if not m or not any(m.groups()):
-        raise ValueError(f"bad duration {text!r} (e.g. 30s, 2m, 1m30s)")
-    h, mi, s = (float(g) if g else 0.0 for g in m.groups())
-    return h * 3600 + mi * 60 + s
+from loadtest.run import parse_duration
 
 
 class FixedShape(LoadTestShape):

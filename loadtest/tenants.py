@@ -17,10 +17,15 @@
         sampling: {temperature: 0}
         slo: {ttft_ms: 2000, tpot_ms: 200}   # e2e_ms too; goodput = share of requests within all of them
         think_time_s: 0           # pause between a user's requests: seconds, or [min, max] (closed-loop shapes)
+        cancel: {share: 0.2, after_tokens: {dist: uniform, min: 1, max: 8}}  # drop this share of the streams
+                                  # after that many tokens (at most max_tokens - 1)
+        invalid: [unknown_parameter, empty_prompt]   # every request is a bad one, of these kinds in turn
 
 Prompt number k of a tenant is a pure function of (seed, tenant name, k), so the prompts a run sends
-are reproducible from its seed whatever the timing. Lengths are in words (the load generator has
-no tokenizer); the server's own `num_input_tokens` is recorded with every request.
+are reproducible from its seed whatever the timing; so are which requests are cancelled, when, and
+which bad request k is (`invalid` kinds in turn: INVALID_KINDS, made by `make_invalid`). Lengths are in
+words (the load generator has no tokenizer); the server's own `num_input_tokens` is recorded with every
+request.
 """
 
 from __future__ import annotations
@@ -35,9 +40,44 @@ import yaml
 PROTOCOLS = ("grpc", "http")
 
 _TENANT_KEYS = {"name", "weight", "fixed_count", "model", "protocol", "prompt", "max_tokens", "sampling", "slo",
-                "think_time_s"}
+                "think_time_s", "cancel", "invalid"}
 _PROMPT_KEYS = {"source", "words", "prefix", "path", "key"}
 _SLO_KEYS = {"ttft_ms", "tpot_ms", "e2e_ms"}
+_CANCEL_KEYS = {"share", "after_tokens"}
+
+LONG_PROMPT_WORDS = 12000
+# Bad requests a tenant can send (`invalid: [...]`), each refused by the server with INVALID_ARG
+# (HTTP 400) before any output: what each changes in an otherwise ordinary request.
+INVALID_KINDS = {
+    "unknown_parameter": "sampling gets an unknown key (no_such_knob)",
+    "max_tokens_over_limit": "max_tokens 100000, above any model's per-request limit",
+    "negative_temperature": "temperature -1",
+    "wrong_type": "top_p is a word ('half')",
+    "empty_prompt": "text_input is the empty string",
+    "prompt_too_long": f"a prompt of {LONG_PROMPT_WORDS} words (~16k tokens): refused by the engine's door check, past "
+                       "parsing, for a model of max_model_len below that (the CPU default: 2048)",
+}
+
+
+def make_invalid(kind: str, prompt: str, max_tokens: int, sampling: dict) -> tuple[str, int, dict]:
+    """An ordinary request (prompt, max_tokens, sampling) turned into a bad one of `kind`."""
+    sampling = dict(sampling)
+    if kind == "unknown_parameter":
+        sampling["no_such_knob"] = 1
+    elif kind == "max_tokens_over_limit":
+        max_tokens = 100000
+    elif kind == "negative_temperature":
+        sampling["temperature"] = -1.0
+    elif kind == "wrong_type":
+        sampling["top_p"] = "half"
+    elif kind == "empty_prompt":
+        prompt = ""
+    elif kind == "prompt_too_long":
+        words = prompt.split() or ["word"]
+        prompt = " ".join(words[i % len(words)] for i in range(LONG_PROMPT_WORDS))
+    else:
+        raise ValueError(f"unknown invalid kind {kind!r} (one of {sorted(INVALID_KINDS)})")
+    return prompt, max_tokens, sampling
 
 # A plain vocabulary for synthetic prompts: ordinary words, so a BPE tokenizer sees ~1.2-1.4 tokens/word.
 _VOCAB = """
@@ -139,6 +179,14 @@ def _load_prompt_file(path: Path) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class Cancel:
+    """The client drops `share` of a tenant's streams after `after_tokens` output tokens."""
+
+    share: float = 1.0
+    after_tokens: Dist = Dist("fixed", value=1)
+
+
+@dataclass(frozen=True)
 class Tenant:
     name: str
     model: str
@@ -151,6 +199,8 @@ class Tenant:
     slo: dict = field(default_factory=dict)
     think_time_s: tuple[float, float] = (0.0, 0.0)
     seed: int = 0
+    cancel: Cancel | None = None
+    invalid: tuple[str, ...] = ()  # INVALID_KINDS: every request is a bad one, these kinds in turn
 
     def request(self, k: int) -> tuple[str, int, int]:
         """Prompt number `k` of this tenant: (prompt text, max_tokens, prompt words). Deterministic."""
@@ -172,6 +222,20 @@ class Tenant:
             text = p.prefix + " ".join(words) + "."
         return text, max(1, self.max_tokens.sample(rng)), len(text.split())
 
+    def cancel_after(self, k: int, max_tokens: int) -> int | None:
+        """Output tokens after which the client drops request `k`'s stream; None: it reads to the end.
+        At most max_tokens - 1, so the request is still running when the client leaves."""
+        if self.cancel is None or self.invalid_kind(k) is not None or max_tokens < 2:
+            return None
+        rng = random.Random(f"{self.seed}/{self.prompt.key or self.name}/{k}/cancel")
+        if rng.random() >= self.cancel.share:
+            return None
+        return min(max(1, self.cancel.after_tokens.sample(rng)), max_tokens - 1)
+
+    def invalid_kind(self, k: int) -> str | None:
+        """The kind of bad request that request `k` is (None: an ordinary one)."""
+        return self.invalid[k % len(self.invalid)] if self.invalid else None
+
 
 @dataclass(frozen=True)
 class TenantsConfig:
@@ -189,7 +253,9 @@ class TenantsConfig:
                          "fixed_count": t.fixed_count, "max_tokens": vars(t.max_tokens),
                          "prompt": {"source": t.prompt.source, "words": vars(t.prompt.words),
                                     "prefix": t.prompt.prefix, "path": t.prompt.path, "key": t.prompt.key},
-                         "sampling": t.sampling, "slo": t.slo, "think_time_s": list(t.think_time_s)}
+                         "sampling": t.sampling, "slo": t.slo, "think_time_s": list(t.think_time_s),
+                         "cancel": {"share": t.cancel.share, "after_tokens": vars(t.cancel.after_tokens)}
+                         if t.cancel else None, "invalid": list(t.invalid)}
                         for t in self.tenants],
         }
 
@@ -251,6 +317,20 @@ def parse_tenants(doc: dict, base_dir: Path | None = None, seed: int | None = No
         think = (float(think), float(think)) if isinstance(think, (int, float)) else tuple(float(x) for x in think)
         if len(think) != 2 or not 0 <= think[0] <= think[1]:
             raise ValueError(f"{what}: think_time_s must be seconds or [min, max], got {spec.get('think_time_s')!r}")
+        cancel = None
+        if spec.get("cancel") is not None:
+            cspec = spec["cancel"]
+            if not isinstance(cspec, dict) or set(cspec) - _CANCEL_KEYS:
+                raise ValueError(f"{what}: cancel must be a mapping with keys {sorted(_CANCEL_KEYS)}, got {cspec!r}")
+            share = float(cspec.get("share", 1.0))
+            if not 0 < share <= 1:
+                raise ValueError(f"{what}: cancel share must be in (0, 1], got {share}")
+            cancel = Cancel(share, Dist.parse(cspec.get("after_tokens", 1), f"{what} cancel.after_tokens"))
+        invalid = spec.get("invalid") or ()
+        invalid = (invalid,) if isinstance(invalid, str) else tuple(invalid)
+        unknown = sorted(set(invalid) - set(INVALID_KINDS))
+        if unknown:
+            raise ValueError(f"{what}: unknown invalid kind(s) {unknown} (one of {sorted(INVALID_KINDS)})")
         m = model or spec.get("model")
         if not m:
             raise ValueError(f"{what}: no model (set it on the tenant or under defaults)")
@@ -258,7 +338,7 @@ def parse_tenants(doc: dict, base_dir: Path | None = None, seed: int | None = No
             name=name, model=str(m), protocol=proto,
             weight=int(spec.get("weight", 1)), fixed_count=int(spec.get("fixed_count", 0)),
             prompt=prompt, max_tokens=Dist.parse(spec.get("max_tokens", 16), f"{what} max_tokens"),
-            sampling=sampling, slo=slo, think_time_s=think, seed=seed,
+            sampling=sampling, slo=slo, think_time_s=think, seed=seed, cancel=cancel, invalid=invalid,
         ))
     return TenantsConfig(seed=seed, tenants=tuple(tenants))
 

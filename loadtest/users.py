@@ -9,6 +9,12 @@ tenant, response_time = end-to-end ms, response_length = output tokens, exceptio
 live per-piece metric events (request_type "TTFT" | "ITL" | "TPOT", name = the tenant, response_time
 in ms), and one `RequestRecord` line in requests.jsonl, the source of truth for the report.
 
+Tenants may misbehave on purpose: `cancel` drops a stream after some tokens (`ClientCancel`, raised
+from the piece callback, takes the adapters' own way out: the gRPC stream is cancelled, the HTTP
+response closed), `invalid` makes every request a bad one (`tenants.make_invalid`). The request
+event carries an exception only when the outcome is not the one the request was built for
+(`metrics.expected`): a drop or a refused bad request is a success to Locust.
+
 Importing this module monkey-patches the process for gevent (through Locust) and switches gRPC to
 gevent mode: `grpc.experimental.gevent.init_gevent()` must run before any channel exists or streams
 hang, so import it before creating any tritonclient.grpc client.
@@ -38,9 +44,10 @@ import tritonclient.grpc as grpcclient  # noqa: E402
 import urllib3  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from loadtest.metrics import CONNECT, HTTP, STREAM_ERROR, TIMEOUT, TRUNCATED, RequestRecord, derive  # noqa: E402
+from loadtest.metrics import (CANCELLED, CONNECT, EXPECT_CANCEL, EXPECT_INVALID, HTTP, STREAM_ERROR,  # noqa: E402
+                              TIMEOUT, TRUNCATED, RequestRecord, derive, expected, outcome_of)
 from loadtest.sse import SSEParser, decode_triton_event  # noqa: E402
-from loadtest.tenants import Tenant  # noqa: E402
+from loadtest.tenants import Tenant, make_invalid  # noqa: E402
 
 # Optional vLLM-backend inputs, sent only when the model declares them.
 FLAG_INPUTS = ("exclude_input_in_output", "return_num_output_tokens", "return_num_input_tokens", "return_finish_reason")
@@ -54,6 +61,16 @@ class LLMRequestError(Exception):
         super().__init__(f"{kind}: {message}")
         self.kind = kind
         self.message = message
+
+
+class ClientCancel(Exception):
+    """Raised from a piece callback: the client drops the stream (a tenant's `cancel`). The adapters
+    let it through their own error handling; leaving `generate` closes the HTTP response or cancels
+    the gRPC stream, which is what a client going away does."""
+
+    def __init__(self, tokens: int):
+        super().__init__(f"the client dropped the stream after {tokens} token(s)")
+        self.tokens = tokens
 
 
 @dataclass(frozen=True)
@@ -137,10 +154,16 @@ class GrpcStreamClient:
             self._queue = q
         return self._queue
 
-    def _drop_stream(self) -> None:
+    def _drop_stream(self, cancel: bool = True) -> None:
+        """Close the stream; `cancel`: cancel what still runs on it (a request abandoned mid-way).
+
+        A stream with nothing in flight is closed without cancelling: Triton 2.51's gRPC frontend can
+        leak the call's state, its connection and a reference to the model (which then never unloads)
+        when a stream is cancelled just after a final response (docs/LOADTEST.md, soak test).
+        """
         self._queue = None
         try:
-            self._client.stop_stream(cancel_requests=True)
+            self._client.stop_stream(cancel_requests=cancel)
         except Exception:  # noqa: BLE001 - the stream is being discarded
             pass
 
@@ -191,12 +214,14 @@ class GrpcStreamClient:
                             raise LLMRequestError(CONNECT if "UNAVAILABLE" in status else HTTP,
                                                   f"{status}: {error.message()}")
                         raise LLMRequestError(TRUNCATED, f"stream broke after {pieces} piece(s): {status}")
+                    done = True  # an error response ends the request; the stream itself is fine
                     raise LLMRequestError(STREAM_ERROR if pieces else HTTP, error.message() or "error response")
                 response = result.get_response()
                 if response.id and response.id != request_id:
                     continue  # a late answer to an earlier, abandoned request
                 final = response.parameters["triton_final_response"].bool_param \
                     if "triton_final_response" in response.parameters else False
+                done = final  # set first: a client cancel raised by on_piece must not cancel a finished request
                 names = {o.name for o in response.outputs}
                 if "text_output" in names or "num_output_tokens" in names:
                     text_arr = result.as_numpy("text_output") if "text_output" in names else None
@@ -214,7 +239,6 @@ class GrpcStreamClient:
                     _finish(outcome, piece)
                     on_piece(piece)
                 if final:
-                    done = True
                     break
             _check_end(outcome, pieces, tokens)
             return outcome
@@ -223,7 +247,8 @@ class GrpcStreamClient:
                 self._drop_stream()
 
     def close(self) -> None:
-        self._drop_stream()
+        if self._queue is not None:
+            self._drop_stream(cancel=False)  # nothing in flight: generate() cancels what it abandons
         self._client.close()
 
 
@@ -410,6 +435,10 @@ class LLMUser(User):
         st, tn = self.state, self.tenant
         seq = st.next_seq(tn.name)
         prompt, max_tokens, words = tn.request(seq)
+        sampling, invalid = tn.sampling, tn.invalid_kind(seq)
+        if invalid is not None:
+            prompt, max_tokens, sampling = make_invalid(invalid, prompt, max_tokens, sampling)
+        cancel_after = tn.cancel_after(seq, max_tokens)
         lag = None
         schedule = st.schedule(tn, self.arrival_share, tn.seed)
         if schedule is not None:
@@ -425,6 +454,7 @@ class LLMUser(User):
             max_tokens=max_tokens, prompt_seq=seq, prompt_words=words, users=self.environment.runner.user_count
             if self.environment.runner else None, sched_lag=lag, worker=st.worker_index,
             warmup=st.start is not None and t0 - st.start < st.warmup_s,
+            expect=EXPECT_INVALID if invalid else EXPECT_CANCEL if cancel_after else None, invalid_kind=invalid,
         )
         last = [None]
 
@@ -438,20 +468,32 @@ class LLMUser(User):
                 else:
                     self._fire("ITL", (rel - last[0]) * 1000.0, p.tokens)
                 last[0] = rel
+            received = sum(rec.piece_tokens)
+            if cancel_after is not None and received >= cancel_after:
+                raise ClientCancel(received)
 
         exception = None
         try:
-            out = self.client.generate(tn.model, prompt, max_tokens, tn.sampling, rid, on_piece)
+            out = self.client.generate(tn.model, prompt, max_tokens, sampling, rid, on_piece)
             rec.finish_reason, rec.num_input_tokens = out.finish_reason, out.num_input_tokens
             rec.tokens_from_server = out.tokens_from_server
         except LLMRequestError as e:
             rec.error_kind, rec.error, exception = e.kind, e.message, e
+        except ClientCancel as e:
+            rec.error_kind, rec.error = CANCELLED, str(e)
         rec.t_end = time.perf_counter() - t0
         if rec.piece_t:
             rec.t_end = max(rec.t_end, rec.piece_t[-1])
         tokens = sum(rec.piece_tokens)
+        # Locust counts as failures the outcomes a request was not built for: a cancel or a refused
+        # bad request is a success there, a bad request that was served is not.
+        if expected(rec):
+            exception = None
+        elif exception is None:
+            o = outcome_of(rec)
+            exception = LLMRequestError(o, f"{rec.expect or 'an ordinary'} request ended {o}")
         self._fire(self.protocol if self.protocol == "grpc" else "sse", rec.t_end * 1000.0, tokens, exception,
-                   {"tenant": tn.name, "kind": rec.error_kind})
+                   {"tenant": tn.name, "kind": rec.error_kind, "outcome": outcome_of(rec)})
         tpot = derive(rec).tpot
         if tpot is not None:
             self._fire("TPOT", tpot * 1000.0, tokens)
