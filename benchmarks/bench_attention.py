@@ -16,6 +16,11 @@ Timing: CUDA graphs of several calls over distinct copies of the data (enough co
 cache, so reads come from HBM), replayed and timed with CUDA events; no CPU launch cost is counted
 (the engine replays decode steps as graphs too). A failing row is printed and skipped.
 
+--compare-with FILE.py times another copy of kernels/alrkvd_attention.py (an earlier commit's: `git show
+REV:kernels/alrkvd_attention.py > FILE.py`; its kernels.* imports resolve to this tree) on the same data as each
+ALR-KVD row, interleaved with this tree's kernel (before, after, after, before; each arm's best of two), and adds
+before_us, after_us, ratio (after / before) and the largest difference of their outputs to the row. Without --tune.
+
     python benchmarks/bench_attention.py --out reports/bench_attention.json        # H200, ~2-4 min
     TRITON_INTERPRET=1 python benchmarks/bench_attention.py --smoke               # CPU, tiny shapes (CI)
 """
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import importlib.util
 import json
 import math
 import os
@@ -191,6 +197,33 @@ def make_paged_fp16(k, v, block, gen):
 # ------------------------------------------------------------------------------------------------
 # Runs
 # ------------------------------------------------------------------------------------------------
+def load_kernel_copy(path: str):
+    """A second copy of the ALR-KVD kernel module, from a file (--compare-with)."""
+    spec = importlib.util.spec_from_file_location("alrkvd_attention_compared", path)
+    mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclass looks itself up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def compare_arms(before_kernel, after_kernel, q, scale, layers, device) -> dict:
+    """Two kernels on the same `layers`, timed interleaved (before, after, after, before), each arm's best of two.
+    Each arm finds its own split count: the cache of programs resident per SM, keyed alike for both copies, is
+    cleared before each, and what the arm found is recorded (resident_*: a register change would show there)."""
+    times, resident = {"before": [], "after": []}, {}
+    for arm in ("before", "after", "after", "before"):
+        kernel = before_kernel if arm == "before" else after_kernel
+        paged_mod._RESIDENT.clear()
+        times[arm].append(time_calls([lambda kw=kw: kernel(q, scale=scale, **kw) for kw in layers], device))
+        resident[arm] = sorted(set(paged_mod._RESIDENT.values()))
+    paged_mod._RESIDENT.clear()
+    out_before = before_kernel(q, scale=scale, **layers[0]).float()
+    paged_mod._RESIDENT.clear()
+    diff = (after_kernel(q, scale=scale, **layers[0]).float() - out_before).abs().max().item()
+    before, after = min(times["before"]), min(times["after"])
+    return dict(before_us=before * 1e6, after_us=after * 1e6, ratio=after / before, max_diff_vs_before=diff,
+                resident_before=resident["before"], resident_after=resident["after"])
+
+
 def sdpa_call(q, k, v):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backends = [SDPBackend.FLASH_ATTENTION] if q.is_cuda else [SDPBackend.MATH]
@@ -269,9 +302,14 @@ def bench_config(batch, length, variants, args, device, copy_bw, gen):
             extra = {}
             if args.check and batch * length <= args.check_tokens:
                 extra = check_decode_kernel(kernel, kernel_ref, q, scale, **first)[1]
-            calls = [lambda kw=kw: kernel(q, scale=scale, **kw) for kw in layers]
-            record(name, time_calls(calls, device), nbytes, **extra)
-            del layers, calls, first
+            if args.compare_kernel and name not in KIVI_VARIANTS:  # this row's time: this tree's kernel, the after
+                extra.update(compare_arms(args.compare_kernel, kernel, q, scale, layers, device))
+                record(name, extra["after_us"] / 1e6, nbytes, **extra)
+            else:
+                calls = [lambda kw=kw: kernel(q, scale=scale, **kw) for kw in layers]
+                record(name, time_calls(calls, device), nbytes, **extra)
+                del calls
+            del layers, first
         except Exception as exc:  # noqa: BLE001
             failed(name, exc)
         if device == "cuda":
@@ -358,6 +396,9 @@ def print_row(row, sdpa_row):
         check = f"err vs sdpa {row['max_err_vs_sdpa']:.2e}"
     if "check_ok" in row:
         check = f"{'ok' if row['check_ok'] else 'MISMATCH'} err {row['max_err_vs_ref']:.2e} (fp16 {row['fp16_rounding_err']:.2e})"
+    if "ratio" in row:
+        check += (f"  before {row['before_us']:.1f} after {row['after_us']:.1f} us ratio {row['ratio']:.3f}"
+                  f" diff {row['max_diff_vs_before']:.1e} resident {row['resident_before']} {row['resident_after']}")
     print(f"{row['B']:>3} {row['L']:>7} {row['method']:<18} {row['us']:>10.1f} {row['bytes'] / 1e6:>10.1f} "
           f"{row['GBps']:>8.0f} {100 * row['frac_copy']:>5.0f}% {speed:>8}  {check}", flush=True)
 
@@ -368,8 +409,8 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true", help="tiny shapes (CPU under TRITON_INTERPRET=1 in CI)")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--lengths", type=int, nargs="+", default=[4096, 32768, 131072])
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS) + list(KIVI_VARIANTS),
-                   choices=list(VARIANTS) + list(KIVI_VARIANTS))
+    p.add_argument("--variants", nargs="+", choices=list(VARIANTS) + list(KIVI_VARIANTS),
+                   help="default: all (with --smoke: alrkvd-r16 alrkvd-mixed alrkvd-rot-r16 kivi4)")
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="skip the ALR-KVD check against the PyTorch reference on the small configs")
     p.add_argument("--check-tokens", type=int, default=8192, help="check configs with B*L up to this")
@@ -379,13 +420,18 @@ def parse_args(argv=None):
                    default=[(8, 32768)], metavar="BxL",
                    help="shapes the sweep times (the best config over all of them is used): e.g. 8x32768 1x4096")
     p.add_argument("--tune-variant", default="alrkvd-r16", choices=list(VARIANTS), help="the ALR-KVD cache the sweep times")
+    p.add_argument("--compare-with", metavar="FILE.py",
+                   help="time this copy of kernels/alrkvd_attention.py against this tree's on each ALR-KVD row")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
+    if args.compare_with and args.tune:
+        p.error("--compare-with times both kernels with their default launches: leave out --tune")
     args.num_q_heads, args.num_kv_heads, args.head_dim, args.block = NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, ALRKVD_BLOCK
     if args.smoke:
         args.batches, args.lengths = [2], [192]
         args.num_q_heads, args.num_kv_heads, args.head_dim, args.block = 8, 2, 64, 64  # block >= the mixed ranks
-        args.variants = ["alrkvd-r16", "alrkvd-mixed", "alrkvd-rot-r16", "kivi4"]
+        args.variants = args.variants or ["alrkvd-r16", "alrkvd-mixed", "alrkvd-rot-r16", "kivi4"]
+    args.variants = args.variants or list(VARIANTS) + list(KIVI_VARIANTS)
     return args
 
 
@@ -398,7 +444,7 @@ def main(argv=None) -> int:
         "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
         "cuda": torch.version.cuda, "num_q_heads": args.num_q_heads, "num_kv_heads": args.num_kv_heads,
         "head_dim": args.head_dim, "fp16_block": FP16_BLOCK, "alrkvd_block": args.block,
-        "interpreter": os.environ.get("TRITON_INTERPRET") == "1",
+        "interpreter": os.environ.get("TRITON_INTERPRET") == "1", "compare_with": args.compare_with,
     }
     print(" ".join(f"{k}={v}" for k, v in meta.items()), flush=True)
     gen = torch.Generator().manual_seed(0)  # block permutations (CPU); device data from torch.manual_seed
@@ -407,7 +453,8 @@ def main(argv=None) -> int:
     copy_bw = copy_bandwidth(device)
     meta["copy_GBps"] = copy_bw / 1e9
     print(f"device-to-device copy: {copy_bw / 1e9:.0f} GB/s (read + write)", flush=True)
-    if args.tune or (args.tune is None and device == "cuda"):
+    args.compare_kernel = load_kernel_copy(args.compare_with).alrkvd_decode_attention if args.compare_with else None
+    if args.tune or (args.tune is None and device == "cuda" and not args.compare_with):
         meta["tuning"] = tune(args, device, gen, [(2, 192)] if args.smoke else args.tune_shapes)
     print_header()
     rows = []

@@ -55,6 +55,12 @@ kv head) to finish merges the partials (`kernels.paged_attention.merge_if_last`)
 L=4k on the H200 (BENCHMARKS.md section 2e; the paged and KIVI kernels measured slower with it and keep
 `decode_reduce`).
 
+In the code: `_alrkvd_decode_stage1` (the grid, the splits' tiles) runs `_window_partial` (the window's program) or
+`_blocks_partial` (a split of the closed tiles: `_query_operands` once, then per tile `_low_rank_scores` and
+`_residual_dots` for the keys, `_tile_weights` for the softmax, `_value_latents` and `_value_runs` for the values),
+then `merge_if_last`. The helpers are inlined when compiled: the same code as one function, but the line info
+(`-lineinfo`) that Triton gives ptxas, which can move an instruction here and there in the schedule.
+
 Public: `KERNEL_OPTIONS`, `kernel_options`, `AlrkvdLayer` (the per-layer views), `alrkvd_decode_attention`,
 `alrkvd_decode_attention_ref`. Nothing runs at import.
 """
@@ -298,7 +304,351 @@ def _stream_scales(block, rk, offs_s, offs_r, pid_kvh, Basis_scale, Latent_scale
 
 
 # ----------------------------------------------------------------------------------------------
-# Stage 1
+# Stage 1, the window: full precision, keys before RoPE
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _window_partial(
+    # Pointers
+    Q, Window_slots, Window_k, Window_v, Cos, Sin,
+    o_row, lse_row,  # this program's partial (Mid_o, Mid_lse)
+    # This program's sequence and kv head (its query heads and their mask), the sequence's closed blocks and length
+    pid_b, pid_kvh, heads, mask_g, n_closed, seq_len, qk_scale,
+    offs_h, offs_d,  # tl.arange(0, HEAD_DIM // 2), tl.arange(0, HEAD_DIM)
+    # Strides
+    stride_qb, stride_qh, stride_cs, stride_wn, stride_wt, stride_wh, stride_moh, stride_mlh,
+    # Meta-parameters
+    BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, WINDOW_N: tl.constexpr,
+):
+    """Attention of the group's queries over the window's tokens, positions n_closed * BLOCK_SIZE .. seq_len - 1
+    (1 .. BLOCK_SIZE of them, in the sequence's window slot, [BLOCK_SIZE, H, D], model dtype); stores the partial.
+    The keys are rotated here, tile by tile; the dots keep the group on the 16-row side (tl.dot pads BLOCK_G rows
+    itself)."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    # the group's queries, as RoPE halves
+    q_row = Q + pid_b * stride_qb + heads[:, None] * stride_qh
+    q1 = tl.load(q_row + offs_h[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16)
+    q2 = tl.load(q_row + HALF + offs_h[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16)
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
+    slot = tl.load(Window_slots + pid_b).to(tl.int64)
+    w_off = slot * stride_wn + pid_kvh.to(tl.int64) * stride_wh
+    start = n_closed * BLOCK_SIZE
+    # not pipelined: the window is a few tiles (WINDOW_N), and a pipeline's buffers for its fp32 tiles took stage 1
+    # from 26.6 to 75.8 KB of shared memory: 3 programs per SM instead of 4 (BENCHMARKS.md section 2i)
+    offs_w = tl.arange(0, WINDOW_N)
+    for start_n in tl.range(start, seq_len, WINDOW_N, num_stages=1):
+        mask_n = start_n + offs_w < seq_len
+        rows = (start_n - start + offs_w).to(tl.int64) * stride_wt + w_off
+        k_ptrs = Window_k + rows[:, None]
+        k1 = tl.load(k_ptrs + offs_h[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
+        k2 = tl.load(k_ptrs + HALF + offs_h[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
+        cs_off = (start_n + offs_w)[:, None] * stride_cs + offs_h[None, :]
+        cos = tl.load(Cos + cs_off, mask=mask_n[:, None], other=1.0)
+        sin = tl.load(Sin + cs_off, mask=mask_n[:, None], other=0.0)
+        r1, r2 = _rope(k1, k2, cos, sin)
+        s = tl.dot(q1, tl.trans(r1.to(tl.float16))) + tl.dot(q2, tl.trans(r2.to(tl.float16)))
+        p, alpha, m_i, l_i = softmax_update(s * qk_scale, mask_n, m_i, l_i)
+        v = tl.load(Window_v + rows[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v.to(tl.float16))
+    store_partial(o_row, lse_row, acc, m_i, l_i, heads, offs_d, mask_g, offs_d < HEAD_DIM, stride_moh, stride_mlh)
+
+
+# ----------------------------------------------------------------------------------------------
+# Stage 1, the closed blocks: compressed, every dot transposed (the group on the mma's 8-column side)
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _query_operands(Qt_row, mask_gn, HEAD_DIM: tl.constexpr, K_BITS: tl.constexpr):
+    """The group's queries transposed, [D, GN] read from Qt_row [1, GN], as the closed tiles' dots take them:
+    q1t, q2t, the RoPE halves (for q B^T); qk0 .. qk3, the residual's runs of backend.kv_formats.pack_bits (a key's
+    columns come as PK runs of NK, one per code position in its bytes), run r divided by 2^(r K_BITS) (exact in
+    fp16) so that the runs' dots add up in one accumulator, the runs past PK placeholders (`_residual_dots` takes
+    four); k_bias, 1024 times their sum, the codes' bias in that accumulator; q_sum, the sum of q."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    PK: tl.constexpr = 8 // K_BITS
+    NK: tl.constexpr = HEAD_DIM // PK
+    offs_h = tl.arange(0, HALF)
+    offs_kc = tl.arange(0, NK)
+    q1t = tl.load(Qt_row + offs_h[:, None], mask=mask_gn[None, :], other=0.0).to(tl.float16)
+    q2t = tl.load(Qt_row + HALF + offs_h[:, None], mask=mask_gn[None, :], other=0.0).to(tl.float16)
+    qk0 = tl.load(Qt_row + offs_kc[:, None], mask=mask_gn[None, :], other=0.0).to(tl.float16)
+    k_bias = tl.sum(qk0.to(tl.float32), 0)
+    if PK >= 2:
+        qk1 = (tl.load(Qt_row + NK + offs_kc[:, None], mask=mask_gn[None, :], other=0.0)
+               * (1.0 / (1 << K_BITS))).to(tl.float16)
+        k_bias += tl.sum(qk1.to(tl.float32), 0)
+    if PK == 4:
+        qk2 = (tl.load(Qt_row + 2 * NK + offs_kc[:, None], mask=mask_gn[None, :], other=0.0)
+               * 0.0625).to(tl.float16)
+        qk3 = (tl.load(Qt_row + 3 * NK + offs_kc[:, None], mask=mask_gn[None, :], other=0.0)
+               * 0.015625).to(tl.float16)
+        k_bias += tl.sum(qk2.to(tl.float32), 0) + tl.sum(qk3.to(tl.float32), 0)
+    k_bias *= 1024.0
+    if PK < 2:  # placeholders, unused
+        qk1 = qk0
+    if PK < 4:
+        qk2, qk3 = qk0, qk0
+    q_sum = tl.sum(q1t.to(tl.float32), 0) + tl.sum(q2t.to(tl.float32), 0)
+    return q1t, q2t, qk0, qk1, qk2, qk3, k_bias, q_sum
+
+
+@triton.jit
+def _low_rank_scores(Basis_blk, Latent_blk, off_k, Cos, Sin, t, rows, offs_h, offs_r, mk, all_n, bk_s, lk_s, lk_z,
+                     q1t, q2t, q_sum, cos_j, sin_j, stride_br, stride_lt, stride_lr, stride_cs,
+                     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                     ROTATED_KEYS: tl.constexpr, ASM: tl.constexpr):
+    """The low-rank part of tile t's key scores, S^T [BLOCK_N, GN] = latents (q B^T)^T: the K stream's basis rows and
+    latents (from row off_k of the block's, Basis_blk [R, D] int8 and Latent_blk [R, T] uint8; the latents of tokens
+    `rows`), with its basis scale bk_s and latent scale and zero lk_s, lk_z ([BLOCK_R], 0 past the rank, mk).
+    ROTATED_KEYS: (q B^T) . latents, nothing rotated. post_rope: the basis rotated to the tile's first position p0,
+    k = latents @ basis', then RoPE_j with cos_j, sin_j (the tables' first BLOCK_N rows, held in registers)."""
+    TILES: tl.constexpr = BLOCK_SIZE // BLOCK_N
+    HALF: tl.constexpr = HEAD_DIM // 2
+    bk1 = _load_2d(Basis_blk + off_k * stride_br, offs_r, offs_h, mk, offs_h < HALF, stride_br, 1)
+    bk2 = _load_2d(Basis_blk + off_k * stride_br + HALF, offs_r, offs_h, mk, offs_h < HALF, stride_br, 1)
+    lk = _load_2d(Latent_blk + off_k * stride_lr, rows, offs_r, all_n, mk, stride_lt, stride_lr)
+    if ROTATED_KEYS:
+        # q . (lat_t B) = lat_t . (q B^T): basis and latent codes go to tl.dot biased, as they are (fp16 by
+        # bit pattern: 1152 + basis code, 1024 + latent code); each bias comes off the dot's result once per
+        # column, the scales and the zero off q B^T [R, GN]. The latents count as code - 128 (centred), so
+        # that the fp16 rounding of their dot's right operand moves the scores half as much as against 0..255
+        # two chains of dots, not one (scaled before they add: Triton would chain an added dot)
+        bks = bk_s.to(tl.float32)[:, None]
+        qb = tl.dot(_byte_code(bk1, True, ASM), q1t) * bks + tl.dot(_byte_code(bk2, True, ASM), q2t) * bks \
+            - 1152.0 * q_sum[None, :] * bks
+        w = (qb * lk_s.to(tl.float32)[:, None]).to(tl.float16)
+        s_low = tl.dot(_byte_code(lk, False, ASM), w)
+        s_low += tl.sum(qb * (lk_z.to(tl.float32) + 128.0 * lk_s.to(tl.float32))[:, None]
+                        - 1152.0 * w.to(tl.float32), 0)[None, :]
+    else:
+        # the basis rotated to the tile's first position, latents @ basis', RoPE_j
+        bk1 = (_byte_code(bk1, True, ASM) - 1152.0).to(tl.float32) * bk_s.to(tl.float32)[:, None]
+        bk2 = (_byte_code(bk2, True, ASM) - 1152.0).to(tl.float32) * bk_s.to(tl.float32)[:, None]
+        p0_off = tl.cast((t // TILES) * BLOCK_SIZE + t % TILES * BLOCK_N, tl.int64) * stride_cs + offs_h
+        b1, b2 = _rope(bk1, bk2, tl.load(Cos + p0_off)[None, :], tl.load(Sin + p0_off)[None, :])
+        lk = (lk.to(tl.float32) * lk_s.to(tl.float32)[None, :] + lk_z.to(tl.float32)[None, :]).to(tl.float16)
+        k1, k2 = _rope(tl.dot(lk, b1.to(tl.float16), out_dtype=tl.float16),
+                       tl.dot(lk, b2.to(tl.float16), out_dtype=tl.float16), cos_j, sin_j)
+        s_low = tl.dot(k1, q1t) + tl.dot(k2, q2t)
+    return s_low
+
+
+@triton.jit
+def _tile_weights(s, all_n, m_i, l_r, v_rs, v_rz, BLOCK_R: tl.constexpr, NV: tl.constexpr):
+    """Online softmax over the tile's scores s [BLOCK_N, GN] (log2 units, tokens on axis 0): the weights p16 as the
+    dots take them (fp16), ps = p16 rscale for the value codes, alpha, the running max m_i and sum l_r ([R, GN],
+    every row the same), and the column sums over tokens as dots of the same operands (each row of the result the
+    sum): p_sum [R, GN] of the fp16 weights (as the values are weighted), ps_bias [NV, GN] the residual scales'
+    bias (1024 ones . p rscale), rz_sum [NV, GN] the residual zero (rzero . p). Reduced across the warps instead,
+    they were a barrier and ~150 instructions a tile on the way to the value dots."""
+    BLOCK_N: tl.constexpr = s.shape[0]
+    p, alpha, m_i, l_r = softmax_update(s, all_n, m_i, l_r, 0, ADD_SUM=False)
+    p16 = p.to(tl.float16)
+    ps = p16 * v_rs[:, None]
+    p_sum = tl.dot(tl.full([BLOCK_R, BLOCK_N], 1.0, tl.float16), p16)  # [R, GN]
+    l_r += p_sum
+    ps_bias = 1024.0 * tl.dot(tl.full([NV, BLOCK_N], 1.0, tl.float16), ps)  # [NV, GN]
+    rz_sum = tl.dot(tl.broadcast_to(v_rz[None, :], (NV, BLOCK_N)), p16)  # [NV, GN]
+    return p16, ps, alpha, m_i, l_r, p_sum, ps_bias, rz_sum
+
+
+@triton.jit
+def _value_latents(Latent_blk, off_v, rows, offs_r, mv, all_n, p16, p_sum, bv_s, lv_s, lv_z, stride_lr, stride_lt,
+                   ASM: tl.constexpr):
+    """The tile's weights in the V stream's latent space, p_lat = (latents^T p) * basis scale [R, GN] (fp16, the
+    right operand of the up-projection by the basis): the stream's latents from row off_v of the block's
+    (Latent_blk [R, T] uint8), tokens `rows`, with its latent scale and zero lv_s, lv_z and basis scale bv_s."""
+    lv = _load_2d(Latent_blk + off_v * stride_lr, offs_r, rows, mv, all_n, stride_lr, stride_lt)  # [R, N]
+    # latent and basis codes go to tl.dot biased (1024 + latent code, 1152 + basis code); the biases come
+    # off per column: the latents' with their zero, the basis' with the residual's zero (low_zero)
+    p_lat = tl.dot(_byte_code(lv, False, ASM), p16) * lv_s.to(tl.float32)[:, None] \
+        + p_sum * (lv_z.to(tl.float32) - 1024.0 * lv_s.to(tl.float32))[:, None]
+    return (p_lat * bv_s.to(tl.float32)[:, None]).to(tl.float16)  # [R, GN]
+
+
+@triton.jit
+def _value_runs(acc0, acc1, acc2, acc3, Bv_blk, vc, ps, p_lat, low_zero, ps_bias, alpha, offs_vc, offs_r, mv,
+                stride_br, V_BITS: tl.constexpr, ASM: tl.constexpr):
+    """The output accumulators rescaled by alpha, plus the tile's values, transposed: out^T [D, GN] as PV = 8 // V_BITS
+    runs of NV rows, acc{r} [NV, GN] holding rows r NV .. r NV + NV - 1 (acc{r} past PV: placeholders, returned as
+    they are). Run r: the value codes' run vc[r] [NV, N] (1024 + code * 2^(r V_BITS), `_code_runs`) times ps, and
+    the V stream's basis columns r NV .. (Bv_blk: its first row) times the weights in latent space p_lat [R, GN].
+    acc{r} holds 2^(r V_BITS) times its output rows (taken off at the end), so run r's codes, as they arrive, need no
+    scaling per element; its low-rank part and zero are scaled instead ([R, GN], [NV, GN]). The biases are added
+    after the dots, which then start as soon as ps is in (B=8 L=32k: 141.3 us, and 147.8 added into their
+    accumulators, against 145.1 with the reduction; BENCHMARKS.md section 2p)."""
+    PV: tl.constexpr = 8 // V_BITS
+    NV: tl.constexpr = acc0.shape[0]
+    bv = _byte_code(_load_2d(Bv_blk, offs_vc, offs_r, offs_vc < NV, mv, 1, stride_br), True, ASM)
+    acc0 = tl.dot(bv, p_lat, tl.dot(vc[0], ps, acc0 * alpha[None, :])) + (low_zero - ps_bias)
+    if PV >= 2:
+        bv = _byte_code(_load_2d(Bv_blk + NV, offs_vc, offs_r, offs_vc < NV, mv, 1, stride_br), True, ASM)
+        acc1 = tl.dot(bv, (p_lat * (1 << V_BITS)).to(tl.float16),
+                      tl.dot(vc[1], ps, acc1 * alpha[None, :])) + (low_zero * (1 << V_BITS) - ps_bias)
+    if PV == 4:
+        bv = _byte_code(_load_2d(Bv_blk + 2 * NV, offs_vc, offs_r, offs_vc < NV, mv, 1, stride_br), True, ASM)
+        acc2 = tl.dot(bv, (p_lat * 16).to(tl.float16),
+                      tl.dot(vc[2], ps, acc2 * alpha[None, :])) + (low_zero * 16 - ps_bias)
+        bv = _byte_code(_load_2d(Bv_blk + 3 * NV, offs_vc, offs_r, offs_vc < NV, mv, 1, stride_br), True, ASM)
+        acc3 = tl.dot(bv, (p_lat * 64).to(tl.float16),
+                      tl.dot(vc[3], ps, acc3 * alpha[None, :])) + (low_zero * 64 - ps_bias)
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
+def _blocks_partial(
+    # Pointers
+    Q, Block_tables, Cos, Sin,
+    Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero,
+    K_resid, K_rscale, K_rzero, V_resid, V_rscale, V_rzero,
+    o_row, lse_row,  # this program's partial (Mid_o, Mid_lse)
+    # This program's sequence, kv head and split (tiles_per_split of the sequence's n_tiles closed tiles)
+    pid_b, pid_kvh, pid_s, tiles_per_split, n_tiles, qk_scale,
+    offs_h, offs_n, offs_r,  # tl.arange(0, HEAD_DIM // 2), tl.arange(0, BLOCK_N), tl.arange(0, BLOCK_R)
+    # Strides (as `_alrkvd_decode_stage1`'s)
+    stride_qb, stride_qh, stride_btb, stride_cs, stride_rkn, stride_bn, stride_br, stride_bsn,
+    stride_ln, stride_lt, stride_lr, stride_krn, stride_krt, stride_krh, stride_ksn, stride_kst, stride_ksh,
+    stride_vrn, stride_vrt, stride_vrh, stride_vrc, stride_vsn, stride_vst, stride_vsh,
+    stride_moh, stride_mlh,
+    # Meta-parameters
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_GN: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
+    K_BITS: tl.constexpr, V_BITS: tl.constexpr, ROTATED_KEYS: tl.constexpr, ASM: tl.constexpr,
+):
+    """Attention of the group's queries over split pid_s's tiles (BLOCK_N tokens each) of the sequence's closed,
+    compressed blocks; stores the partial. Every dot is transposed: tokens (or head dims, or ranks) on the
+    mma's 16-row side, the query group on its 8-column side (BLOCK_GN >= 8 columns, the padding zero): no padded
+    rows to copy around the dots."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    TILES: tl.constexpr = BLOCK_SIZE // BLOCK_N
+    offs_gn = tl.arange(0, BLOCK_GN)
+    mask_gn = offs_gn < GROUP
+    heads_n = pid_kvh * GROUP + offs_gn
+    qt_row = Q + pid_b * stride_qb + heads_n[None, :] * stride_qh  # [1, GN]
+    t_start = pid_s * tiles_per_split
+    t_end = tl.minimum(t_start + tiles_per_split, n_tiles)
+    offs_s = tl.arange(0, BLOCK_S)
+    bt_row = Block_tables + pid_b * stride_btb
+    kvh64 = pid_kvh.to(tl.int64)
+    mask_s = offs_s < 2 * NUM_KV_HEADS
+    all_n = offs_n < BLOCK_N
+    if not ROTATED_KEYS:
+        # cos/sin(j * theta) of the token offsets j inside a tile (table rows 0..BLOCK_N-1), the same for every tile
+        j_off = offs_n[:, None] * stride_cs + offs_h[None, :]
+        cos_j = tl.load(Cos + j_off).to(tl.float16)
+        sin_j = tl.load(Sin + j_off).to(tl.float16)
+    else:  # placeholders, unused
+        cos_j, sin_j = Cos, Sin
+    PK: tl.constexpr = 8 // K_BITS
+    NK: tl.constexpr = HEAD_DIM // PK
+    PV: tl.constexpr = 8 // V_BITS
+    NV: tl.constexpr = HEAD_DIM // PV
+    offs_kc = tl.arange(0, NK)
+    offs_vc = tl.arange(0, NV)
+    q1t, q2t, qk0, qk1, qk2, qk3, k_bias, q_sum = _query_operands(qt_row, mask_gn, HEAD_DIM, K_BITS)
+    m_i = tl.full([BLOCK_GN], float("-inf"), dtype=tl.float32)
+    l_r = tl.zeros([BLOCK_R, BLOCK_GN], dtype=tl.float32)  # the softmax's running sum, the same in every row
+    # the output, transposed, accumulates as PV runs of NV rows (`_value_runs`)
+    acc0 = tl.zeros([NV, BLOCK_GN], dtype=tl.float32)
+    acc1, acc2, acc3 = acc0, acc0, acc0  # placeholders past PV runs, carried through the loop as they are
+    if PV >= 2:
+        acc1 = tl.zeros([NV, BLOCK_GN], dtype=tl.float32)
+    if PV == 4:
+        acc2 = tl.zeros([NV, BLOCK_GN], dtype=tl.float32)
+        acc3 = tl.zeros([NV, BLOCK_GN], dtype=tl.float32)
+    # A chain of loads runs ahead of the tiles: the block id two tiles ahead, the next tile's ranks, then the
+    # scales of its streams (the index clamped into the sequence's table so that the last prefetches read a
+    # valid entry). Each load's address is in hand an iteration or half of one before it is issued, and its
+    # value is used an iteration or half of one after; the streams' scales (one fp16 per basis row) are too
+    # narrow for Triton's pipeliner, and would be waited for in every tile. With rotated keys they are loaded at
+    # the end of the tile before: mid-tile, Nsight Compute found 5% of the loop's stall samples waiting on them,
+    # and B=32 L=32k took 492.7 against 475.6 us (B=8 L=4k: 42.2 against 43.7); post_rope keeps them mid-tile
+    # (263.2 against 277.7 us at B=8 L=32k; BENCHMARKS.md section 2q).
+    last = tl.maximum(n_tiles - 1, 0)
+    next_block = tl.load(bt_row + tl.minimum(t_start, last) // TILES).to(tl.int64)
+    block_after = tl.load(bt_row + tl.minimum(t_start + 1, last) // TILES)  # widened where used, a tile later
+    next_rk = tl.load(Ranks + next_block * stride_rkn + offs_s, mask=mask_s, other=0)
+    bk_s, lk_s, lk_z, bv_s, lv_s, lv_z = _stream_scales(next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale,
+                                                        Latent_scale, Latent_zero, stride_bsn, NUM_KV_HEADS)
+    # rotated keys: the key residual's dots a tile ahead, their chain beside the tile before's values (B=8 L=32k:
+    # 137.9 against 140.3 us, with q B^T's two chains below; BENCHMARKS.md section 2p; the last tile's next is
+    # itself again, computed and not used)
+    if ROTATED_KEYS:
+        s_res = _residual_dots(K_resid, next_block, (t_start % TILES) * BLOCK_N + offs_n, kvh64, offs_kc, qk0, qk1,
+                               qk2, qk3, stride_krn, stride_krt, stride_krh, K_BITS, ASM)
+    for t in range(t_start, t_end):
+        rows = (t % TILES) * BLOCK_N + offs_n
+        block = next_block
+        rk = next_rk
+        next_block = block_after.to(tl.int64)
+        block_after = tl.load(bt_row + tl.minimum(t + 2, last) // TILES)
+        next_rk = tl.load(Ranks + next_block * stride_rkn + offs_s, mask=mask_s, other=0)
+        # the residual scales and zeros, one fp16 per token: where a thread takes 4 bytes of them (128-token tiles
+        # at 2 warps) Triton's pipeliner streams them with the codes and reads them in the layout of their use.
+        # Loaded a tile ahead by hand they were converted to it through shared memory: 8 barriers a tile more
+        ks_off = block * stride_ksn + kvh64 * stride_ksh + rows * stride_kst
+        vs_off = block * stride_vsn + kvh64 * stride_vsh + rows * stride_vst
+        k_rs, k_rz = tl.load(K_rscale + ks_off), tl.load(K_rzero + ks_off)
+        v_rs, v_rz = tl.load(V_rscale + vs_off), tl.load(V_rzero + vs_off)
+        # -- this head's K and V streams: offset and rank inside the block's R rows
+        off_k, mk, off_v, mv = _stream_rows(rk, offs_s, offs_r, pid_kvh, NUM_KV_HEADS)
+        basis_blk = Basis + block * stride_bn
+        lat_blk = Latent + block * stride_ln
+
+        # -- keys: S^T = latents (q B^T)^T + residual codes q^T, [BLOCK_N, GN]
+        s_low = _low_rank_scores(basis_blk, lat_blk, off_k, Cos, Sin, t, rows, offs_h, offs_r, mk, all_n, bk_s, lk_s,
+                                 lk_z, q1t, q2t, q_sum, cos_j, sin_j, stride_br, stride_lt, stride_lr, stride_cs,
+                                 HEAD_DIM, BLOCK_SIZE, BLOCK_N, ROTATED_KEYS, ASM)
+        # -- key residual, codes * rscale + rzero per token: q . e = rscale (q . codes) + rzero sum(q)
+        if not ROTATED_KEYS:  # in the tile: post_rope's loop spilled with them ahead (273.8 against 263.2 us)
+            s_res = _residual_dots(K_resid, block, rows, kvh64, offs_kc, qk0, qk1, qk2, qk3, stride_krn, stride_krt,
+                                   stride_krh, K_BITS, ASM)
+        s = s_low + (s_res - k_bias[None, :]) * k_rs.to(tl.float32)[:, None] \
+            + q_sum[None, :] * k_rz.to(tl.float32)[:, None]
+        if not ROTATED_KEYS:  # the next tile's stream scales: the keys' replace this tile's, the values' wait
+            bk_s, lk_s, lk_z, next_bv_s, next_lv_s, next_lv_z = _stream_scales(
+                next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale, Latent_scale, Latent_zero, stride_bsn,
+                NUM_KV_HEADS)
+        p16, ps, alpha, m_i, l_r, p_sum, ps_bias, rz_sum = _tile_weights(s * qk_scale, all_n, m_i, l_r, v_rs, v_rz,
+                                                                         BLOCK_R, NV)
+
+        # -- values, transposed: out^T [D, GN] += latents^T p (up-projected by the basis) + codes^T (p rscale)
+        p_lat = _value_latents(lat_blk, off_v, rows, offs_r, mv, all_n, p16, p_sum, bv_s, lv_s, lv_z, stride_lr,
+                               stride_lt, ASM)
+        bv_blk = basis_blk + off_v * stride_br
+        # the residual's zero less the basis codes' bias, which every output row of the up-projection carries
+        low_zero = rz_sum - 1152.0 * tl.sum(p_lat.to(tl.float32), 0)[None, :]
+        v_bytes = tl.load(V_resid + block * stride_vrn + kvh64 * stride_vrh + rows[None, :] * stride_vrt
+                          + offs_vc[:, None] * stride_vrc)  # [NV, N]
+        vc = _code_runs(v_bytes, V_BITS, ASM)
+        acc0, acc1, acc2, acc3 = _value_runs(acc0, acc1, acc2, acc3, bv_blk, vc, ps, p_lat, low_zero, ps_bias, alpha,
+                                             offs_vc, offs_r, mv, stride_br, V_BITS, ASM)
+        if ROTATED_KEYS:  # the next tile's stream scales, and its key residual's dots
+            bk_s, lk_s, lk_z, bv_s, lv_s, lv_z = _stream_scales(
+                next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale, Latent_scale, Latent_zero, stride_bsn,
+                NUM_KV_HEADS)
+            s_res = _residual_dots(K_resid, next_block, (tl.minimum(t + 1, last) % TILES) * BLOCK_N + offs_n,
+                                   kvh64, offs_kc, qk0, qk1, qk2, qk3, stride_krn, stride_krt, stride_krh, K_BITS,
+                                   ASM)
+        else:
+            bv_s, lv_s, lv_z = next_bv_s, next_lv_s, next_lv_z
+
+    # output columns RUN * NV .. RUN * NV + NV - 1 are acc{RUN}, transposed back
+    l_i = tl.max(l_r, 0)
+    all_vc = offs_vc < NV
+    store_partial(o_row, lse_row, tl.trans(acc0), m_i, l_i, heads_n, offs_vc, mask_gn, all_vc, stride_moh, stride_mlh)
+    if PV >= 2:
+        store_partial(o_row, lse_row, tl.trans(acc1) * (1.0 / (1 << V_BITS)), m_i, l_i, heads_n, NV + offs_vc,
+                      mask_gn, all_vc, stride_moh, stride_mlh)
+    if PV == 4:
+        store_partial(o_row, lse_row, tl.trans(acc2) * 0.0625, m_i, l_i, heads_n, 2 * NV + offs_vc, mask_gn, all_vc,
+                      stride_moh, stride_mlh)
+        store_partial(o_row, lse_row, tl.trans(acc3) * 0.015625, m_i, l_i, heads_n, 3 * NV + offs_vc, mask_gn, all_vc,
+                      stride_moh, stride_mlh)
+
+
+# ----------------------------------------------------------------------------------------------
+# Stage 1: the kernel
 # ----------------------------------------------------------------------------------------------
 @triton.jit
 def _alrkvd_decode_stage1(
@@ -342,11 +692,11 @@ def _alrkvd_decode_stage1(
     ASM: tl.constexpr,  # residual codes unpacked by inline PTX (compiled only; the interpreter takes the plain path)
 ):
     """Grid (B, num_kv_heads, num_splits + 1): the first splits share the closed (compressed) blocks' tiles, at
-    least MIN_TILES each, and program num_splits takes the window. The split count comes from the block table's
-    width; the sequence's own length can leave the last splits without tiles. Those store nothing, and the
-    window's partial goes right after the busy splits', so the merge reads only partials with tokens behind them
-    (`merge_if_last`: one chunk of 32 partials instead of two at B=1 L=4k, BENCHMARKS.md 2g)."""
-    HALF: tl.constexpr = HEAD_DIM // 2
+    least MIN_TILES each (`_blocks_partial`), and program num_splits takes the window (`_window_partial`). The split
+    count comes from the block table's width; the sequence's own length can leave the last splits without tiles.
+    Those store nothing, and the window's partial goes right after the busy splits', so the merge reads only
+    partials with tokens behind them (`merge_if_last`: one chunk of 32 partials instead of two at B=1 L=4k,
+    BENCHMARKS.md 2g)."""
     TILES: tl.constexpr = BLOCK_SIZE // BLOCK_N
     pid_b = tl.program_id(0).to(tl.int64)
     pid_kvh = tl.program_id(1)
@@ -356,7 +706,7 @@ def _alrkvd_decode_stage1(
     n_closed = tl.maximum(seq_len - 1, 0) // BLOCK_SIZE  # the window holds the last 1..BLOCK_SIZE tokens
 
     offs_g = tl.arange(0, BLOCK_G)
-    offs_h = tl.arange(0, HALF)
+    offs_h = tl.arange(0, HEAD_DIM // 2)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
     offs_r = tl.arange(0, BLOCK_R)
@@ -370,233 +720,22 @@ def _alrkvd_decode_stage1(
     o_row, lse_row = Mid_o + pid_b * stride_mob + part * stride_mos, Mid_lse + pid_b * stride_mlb + part
 
     if pid_s == num_splits:
-        # ---------------- the window: full precision, keys before RoPE ----------------
-        # the group's queries, as RoPE halves (the window's dots keep the group on the 16-row side)
-        q_row = Q + pid_b * stride_qb + heads[:, None] * stride_qh
-        q1 = tl.load(q_row + offs_h[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16)
-        q2 = tl.load(q_row + HALF + offs_h[None, :], mask=mask_g[:, None], other=0.0).to(tl.float16)
-        m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
-        slot = tl.load(Window_slots + pid_b).to(tl.int64)
-        w_off = slot * stride_wn + pid_kvh.to(tl.int64) * stride_wh
-        start = n_closed * BLOCK_SIZE
-        # not pipelined: the window is a few tiles (WINDOW_N), and a pipeline's buffers for its fp32 tiles took stage 1
-        # from 26.6 to 75.8 KB of shared memory: 3 programs per SM instead of 4 (BENCHMARKS.md section 2i)
-        offs_w = tl.arange(0, WINDOW_N)
-        for start_n in tl.range(start, seq_len, WINDOW_N, num_stages=1):
-            mask_n = start_n + offs_w < seq_len
-            rows = (start_n - start + offs_w).to(tl.int64) * stride_wt + w_off
-            k_ptrs = Window_k + rows[:, None]
-            k1 = tl.load(k_ptrs + offs_h[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
-            k2 = tl.load(k_ptrs + HALF + offs_h[None, :], mask=mask_n[:, None], other=0.0).to(tl.float32)
-            cs_off = (start_n + offs_w)[:, None] * stride_cs + offs_h[None, :]
-            cos = tl.load(Cos + cs_off, mask=mask_n[:, None], other=1.0)
-            sin = tl.load(Sin + cs_off, mask=mask_n[:, None], other=0.0)
-            r1, r2 = _rope(k1, k2, cos, sin)
-            s = tl.dot(q1, tl.trans(r1.to(tl.float16))) + tl.dot(q2, tl.trans(r2.to(tl.float16)))
-            p, alpha, m_i, l_i = softmax_update(s * qk_scale, mask_n, m_i, l_i)
-            v = tl.load(Window_v + rows[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v.to(tl.float16))
-        store_partial(o_row, lse_row, acc, m_i, l_i, heads, offs_d, mask_g, offs_d < HEAD_DIM, stride_moh, stride_mlh)
+        _window_partial(Q, Window_slots, Window_k, Window_v, Cos, Sin, o_row, lse_row,
+                        pid_b, pid_kvh, heads, mask_g, n_closed, seq_len, qk_scale, offs_h, offs_d,
+                        stride_qb, stride_qh, stride_cs, stride_wn, stride_wt, stride_wh, stride_moh, stride_mlh,
+                        BLOCK_G, HEAD_DIM, BLOCK_SIZE, WINDOW_N)
     elif pid_s < busy:
-        # ---------------- closed blocks, compressed: whole tiles, split evenly ----------------
-        # Every dot is transposed: tokens (or head dims, or ranks) on the mma's 16-row side, the query group on
-        # its 8-column side (BLOCK_GN >= 8 columns, the padding zero): no padded rows to copy around the dots.
-        offs_gn = tl.arange(0, BLOCK_GN)
-        mask_gn = offs_gn < GROUP
-        heads_n = pid_kvh * GROUP + offs_gn
-        qt_row = Q + pid_b * stride_qb + heads_n[None, :] * stride_qh  # [1, GN]
-        t_start = pid_s * tiles_per_split
-        t_end = tl.minimum(t_start + tiles_per_split, n_tiles)
-        offs_s = tl.arange(0, BLOCK_S)
-        bt_row = Block_tables + pid_b * stride_btb
-        kvh64 = pid_kvh.to(tl.int64)
-        mask_s = offs_s < 2 * NUM_KV_HEADS
-        all_n = offs_n < BLOCK_N
-        if not ROTATED_KEYS:
-            # cos/sin(j * theta) of the token offsets j inside a tile (table rows 0..BLOCK_N-1), the same for every tile
-            j_off = offs_n[:, None] * stride_cs + offs_h[None, :]
-            cos_j = tl.load(Cos + j_off).to(tl.float16)
-            sin_j = tl.load(Sin + j_off).to(tl.float16)
-        PK: tl.constexpr = 8 // K_BITS
-        NK: tl.constexpr = HEAD_DIM // PK
-        PV: tl.constexpr = 8 // V_BITS
-        NV: tl.constexpr = HEAD_DIM // PV
-        offs_kc = tl.arange(0, NK)
-        offs_vc = tl.arange(0, NV)
-        # the query transposed, [D, GN]: halves for q B^T, and for the residual the runs of backend.kv_formats.pack_bits
-        # (a key's columns come as PK runs of NK, one per code position in its bytes), run r divided by 2^(r K_BITS)
-        # (exact in fp16) so that the runs' dots add up in one accumulator; k_bias: 1024 times their sum, the codes'
-        # bias in that accumulator. The output accumulates as PV runs of NV rows.
-        q1t = tl.load(qt_row + offs_h[:, None], mask=mask_gn[None, :], other=0.0).to(tl.float16)
-        q2t = tl.load(qt_row + HALF + offs_h[:, None], mask=mask_gn[None, :], other=0.0).to(tl.float16)
-        qk0 = tl.load(qt_row + offs_kc[:, None], mask=mask_gn[None, :], other=0.0).to(tl.float16)
-        k_bias = tl.sum(qk0.to(tl.float32), 0)
-        if PK >= 2:
-            qk1 = (tl.load(qt_row + NK + offs_kc[:, None], mask=mask_gn[None, :], other=0.0)
-                   * (1.0 / (1 << K_BITS))).to(tl.float16)
-            k_bias += tl.sum(qk1.to(tl.float32), 0)
-        if PK == 4:
-            qk2 = (tl.load(qt_row + 2 * NK + offs_kc[:, None], mask=mask_gn[None, :], other=0.0)
-                   * 0.0625).to(tl.float16)
-            qk3 = (tl.load(qt_row + 3 * NK + offs_kc[:, None], mask=mask_gn[None, :], other=0.0)
-                   * 0.015625).to(tl.float16)
-            k_bias += tl.sum(qk2.to(tl.float32), 0) + tl.sum(qk3.to(tl.float32), 0)
-        k_bias *= 1024.0
-        if PK < 2:  # placeholders, unused: _residual_dots takes four runs
-            qk1 = qk0
-        if PK < 4:
-            qk2, qk3 = qk0, qk0
-        q_sum = tl.sum(q1t.to(tl.float32), 0) + tl.sum(q2t.to(tl.float32), 0)
-        m_i = tl.full([BLOCK_GN], float("-inf"), dtype=tl.float32)
-        l_r = tl.zeros([BLOCK_R, BLOCK_GN], dtype=tl.float32)  # the softmax's running sum, the same in every row
-        acc0 = tl.zeros([NV, BLOCK_GN], dtype=tl.float32)
-        if PV >= 2:
-            acc1 = tl.zeros([NV, BLOCK_GN], dtype=tl.float32)
-        if PV == 4:
-            acc2 = tl.zeros([NV, BLOCK_GN], dtype=tl.float32)
-            acc3 = tl.zeros([NV, BLOCK_GN], dtype=tl.float32)
-        # A chain of loads runs ahead of the tiles: the block id two tiles ahead, the next tile's ranks, then the
-        # scales of its streams (the index clamped into the sequence's table so that the last prefetches read a
-        # valid entry). Each load's address is in hand an iteration or half of one before it is issued, and its
-        # value is used an iteration or half of one after; the streams' scales (one fp16 per basis row) are too
-        # narrow for Triton's pipeliner, and would be waited for in every tile. With rotated keys they are loaded at
-        # the end of the tile before: mid-tile, Nsight Compute found 5% of the loop's stall samples waiting on them,
-        # and B=32 L=32k took 492.7 against 475.6 us (B=8 L=4k: 42.2 against 43.7); post_rope keeps them mid-tile
-        # (263.2 against 277.7 us at B=8 L=32k; BENCHMARKS.md section 2q).
-        last = tl.maximum(n_tiles - 1, 0)
-        next_block = tl.load(bt_row + tl.minimum(t_start, last) // TILES).to(tl.int64)
-        block_after = tl.load(bt_row + tl.minimum(t_start + 1, last) // TILES)  # widened where used, a tile later
-        next_rk = tl.load(Ranks + next_block * stride_rkn + offs_s, mask=mask_s, other=0)
-        bk_s, lk_s, lk_z, bv_s, lv_s, lv_z = _stream_scales(next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale,
-                                                            Latent_scale, Latent_zero, stride_bsn, NUM_KV_HEADS)
-        # rotated keys: the key residual's dots a tile ahead, their chain beside the tile before's values (B=8 L=32k:
-        # 137.9 against 140.3 us, with q B^T's two chains below; BENCHMARKS.md section 2p; the last tile's next is
-        # itself again, computed and not used)
-        if ROTATED_KEYS:
-            s_res = _residual_dots(K_resid, next_block, (t_start % TILES) * BLOCK_N + offs_n, kvh64, offs_kc, qk0, qk1,
-                                   qk2, qk3, stride_krn, stride_krt, stride_krh, K_BITS, ASM)
-        for t in range(t_start, t_end):
-            rows = (t % TILES) * BLOCK_N + offs_n
-            block = next_block
-            rk = next_rk
-            next_block = block_after.to(tl.int64)
-            block_after = tl.load(bt_row + tl.minimum(t + 2, last) // TILES)
-            next_rk = tl.load(Ranks + next_block * stride_rkn + offs_s, mask=mask_s, other=0)
-            # the residual scales and zeros, one fp16 per token: where a thread takes 4 bytes of them (128-token tiles
-            # at 2 warps) Triton's pipeliner streams them with the codes and reads them in the layout of their use.
-            # Loaded a tile ahead by hand they were converted to it through shared memory: 8 barriers a tile more
-            ks_off = block * stride_ksn + kvh64 * stride_ksh + rows * stride_kst
-            vs_off = block * stride_vsn + kvh64 * stride_vsh + rows * stride_vst
-            k_rs, k_rz = tl.load(K_rscale + ks_off), tl.load(K_rzero + ks_off)
-            v_rs, v_rz = tl.load(V_rscale + vs_off), tl.load(V_rzero + vs_off)
-            # -- this head's K and V streams: offset and rank inside the block's R rows
-            off_k, mk, off_v, mv = _stream_rows(rk, offs_s, offs_r, pid_kvh, NUM_KV_HEADS)
-            basis_blk = Basis + block * stride_bn
-            lat_blk = Latent + block * stride_ln
-
-            # -- keys: S^T = latents (q B^T)^T + residual codes q^T, [BLOCK_N, GN]
-            bk1 = _load_2d(basis_blk + off_k * stride_br, offs_r, offs_h, mk, offs_h < HALF, stride_br, 1)
-            bk2 = _load_2d(basis_blk + off_k * stride_br + HALF, offs_r, offs_h, mk, offs_h < HALF, stride_br, 1)
-            lk = _load_2d(lat_blk + off_k * stride_lr, rows, offs_r, all_n, mk, stride_lt, stride_lr)
-            if ROTATED_KEYS:
-                # q . (lat_t B) = lat_t . (q B^T): basis and latent codes go to tl.dot biased, as they are (fp16 by
-                # bit pattern: 1152 + basis code, 1024 + latent code); each bias comes off the dot's result once per
-                # column, the scales and the zero off q B^T [R, GN]. The latents count as code - 128 (centred), so
-                # that the fp16 rounding of their dot's right operand moves the scores half as much as against 0..255
-                # two chains of dots, not one (scaled before they add: Triton would chain an added dot)
-                bks = bk_s.to(tl.float32)[:, None]
-                qb = tl.dot(_byte_code(bk1, True, ASM), q1t) * bks + tl.dot(_byte_code(bk2, True, ASM), q2t) * bks \
-                    - 1152.0 * q_sum[None, :] * bks
-                w = (qb * lk_s.to(tl.float32)[:, None]).to(tl.float16)
-                s_low = tl.dot(_byte_code(lk, False, ASM), w)
-                s_low += tl.sum(qb * (lk_z.to(tl.float32) + 128.0 * lk_s.to(tl.float32))[:, None]
-                                - 1152.0 * w.to(tl.float32), 0)[None, :]
-            else:
-                # the basis rotated to the tile's first position, latents @ basis', RoPE_j
-                bk1 = (_byte_code(bk1, True, ASM) - 1152.0).to(tl.float32) * bk_s.to(tl.float32)[:, None]
-                bk2 = (_byte_code(bk2, True, ASM) - 1152.0).to(tl.float32) * bk_s.to(tl.float32)[:, None]
-                p0_off = tl.cast((t // TILES) * BLOCK_SIZE + t % TILES * BLOCK_N, tl.int64) * stride_cs + offs_h
-                b1, b2 = _rope(bk1, bk2, tl.load(Cos + p0_off)[None, :], tl.load(Sin + p0_off)[None, :])
-                lk = (lk.to(tl.float32) * lk_s.to(tl.float32)[None, :] + lk_z.to(tl.float32)[None, :]).to(tl.float16)
-                k1, k2 = _rope(tl.dot(lk, b1.to(tl.float16), out_dtype=tl.float16),
-                               tl.dot(lk, b2.to(tl.float16), out_dtype=tl.float16), cos_j, sin_j)
-                s_low = tl.dot(k1, q1t) + tl.dot(k2, q2t)
-            # -- key residual, codes * rscale + rzero per token: q . e = rscale (q . codes) + rzero sum(q)
-            if not ROTATED_KEYS:  # in the tile: post_rope's loop spilled with them ahead (273.8 against 263.2 us)
-                s_res = _residual_dots(K_resid, block, rows, kvh64, offs_kc, qk0, qk1, qk2, qk3, stride_krn, stride_krt,
-                                       stride_krh, K_BITS, ASM)
-            s = s_low + (s_res - k_bias[None, :]) * k_rs.to(tl.float32)[:, None] \
-                + q_sum[None, :] * k_rz.to(tl.float32)[:, None]
-            if not ROTATED_KEYS:  # the next tile's stream scales: the keys' replace this tile's, the values' wait
-                bk_s, lk_s, lk_z, next_bv_s, next_lv_s, next_lv_z = _stream_scales(
-                    next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale, Latent_scale, Latent_zero, stride_bsn,
-                    NUM_KV_HEADS)
-            p, alpha, m_i, l_r = softmax_update(s * qk_scale, all_n, m_i, l_r, 0, ADD_SUM=False)
-            # the weights as the dots take them, and the column sums over tokens as dots of the same operands (each
-            # row of the result the sum): the softmax's (of the fp16 weights, as the values are weighted), the
-            # residual scales' bias (ones . p rscale) and the residual zero (rzero . p). Reduced across the warps
-            # instead, they were a barrier and ~150 instructions a tile on the way to the value dots
-            p16 = p.to(tl.float16)
-            ps = p16 * v_rs[:, None]
-            p_sum = tl.dot(tl.full([BLOCK_R, BLOCK_N], 1.0, tl.float16), p16)  # [R, GN]
-            l_r += p_sum
-            ps_bias = 1024.0 * tl.dot(tl.full([NV, BLOCK_N], 1.0, tl.float16), ps)  # [NV, GN]
-            rz_sum = tl.dot(tl.broadcast_to(v_rz[None, :], (NV, BLOCK_N)), p16)  # [NV, GN]
-
-            # -- values, transposed: out^T [D, GN] += latents^T p (up-projected by the basis) + codes^T (p rscale)
-            lv = _load_2d(lat_blk + off_v * stride_lr, offs_r, rows, mv, all_n, stride_lr, stride_lt)  # [R, N]
-            # latent and basis codes go to tl.dot biased (1024 + latent code, 1152 + basis code); the biases come
-            # off per column: the latents' with their zero, the basis' with the residual's zero (low_zero)
-            p_lat = tl.dot(_byte_code(lv, False, ASM), p16) * lv_s.to(tl.float32)[:, None] \
-                + p_sum * (lv_z.to(tl.float32) - 1024.0 * lv_s.to(tl.float32))[:, None]
-            p_lat = (p_lat * bv_s.to(tl.float32)[:, None]).to(tl.float16)  # [R, GN]
-            bv_blk = basis_blk + off_v * stride_br
-            low_zero = rz_sum - 1152.0 * tl.sum(p_lat.to(tl.float32), 0)[None, :]
-            v_bytes = tl.load(V_resid + block * stride_vrn + kvh64 * stride_vrh + rows[None, :] * stride_vrt
-                              + offs_vc[:, None] * stride_vrc)  # [NV, N]
-            vc = _code_runs(v_bytes, V_BITS, ASM)
-            # acc{r} holds 2^(r V_BITS) times its output rows (taken off at the end), so run r's codes, as they
-            # arrive, need no scaling per element; its low-rank part and zero are scaled instead ([R, GN], [NV, GN]).
-            # The biases are added after the dots, which then start as soon as ps is in (B=8 L=32k: 141.3 us, and
-            # 147.8 added into their accumulators, against 145.1 with the reduction; BENCHMARKS.md section 2p)
-            bv = _byte_code(_load_2d(bv_blk, offs_vc, offs_r, offs_vc < NV, mv, 1, stride_br), True, ASM)
-            acc0 = tl.dot(bv, p_lat, tl.dot(vc[0], ps, acc0 * alpha[None, :])) + (low_zero - ps_bias)
-            if PV >= 2:
-                bv = _byte_code(_load_2d(bv_blk + NV, offs_vc, offs_r, offs_vc < NV, mv, 1, stride_br), True, ASM)
-                acc1 = tl.dot(bv, (p_lat * (1 << V_BITS)).to(tl.float16),
-                              tl.dot(vc[1], ps, acc1 * alpha[None, :])) + (low_zero * (1 << V_BITS) - ps_bias)
-            if PV == 4:
-                bv = _byte_code(_load_2d(bv_blk + 2 * NV, offs_vc, offs_r, offs_vc < NV, mv, 1, stride_br), True, ASM)
-                acc2 = tl.dot(bv, (p_lat * 16).to(tl.float16),
-                              tl.dot(vc[2], ps, acc2 * alpha[None, :])) + (low_zero * 16 - ps_bias)
-                bv = _byte_code(_load_2d(bv_blk + 3 * NV, offs_vc, offs_r, offs_vc < NV, mv, 1, stride_br), True, ASM)
-                acc3 = tl.dot(bv, (p_lat * 64).to(tl.float16),
-                              tl.dot(vc[3], ps, acc3 * alpha[None, :])) + (low_zero * 64 - ps_bias)
-            if ROTATED_KEYS:  # the next tile's stream scales, and its key residual's dots
-                bk_s, lk_s, lk_z, bv_s, lv_s, lv_z = _stream_scales(
-                    next_block, next_rk, offs_s, offs_r, pid_kvh, Basis_scale, Latent_scale, Latent_zero, stride_bsn,
-                    NUM_KV_HEADS)
-                s_res = _residual_dots(K_resid, next_block, (tl.minimum(t + 1, last) % TILES) * BLOCK_N + offs_n,
-                                       kvh64, offs_kc, qk0, qk1, qk2, qk3, stride_krn, stride_krt, stride_krh, K_BITS,
-                                       ASM)
-            else:
-                bv_s, lv_s, lv_z = next_bv_s, next_lv_s, next_lv_z
-
-        # output columns RUN * NV .. RUN * NV + NV - 1 are acc{RUN}, transposed back
-        l_i = tl.max(l_r, 0)
-        all_vc = offs_vc < NV
-        store_partial(o_row, lse_row, tl.trans(acc0), m_i, l_i, heads_n, offs_vc, mask_gn, all_vc, stride_moh,
-                      stride_mlh)
-        if PV >= 2:
-            store_partial(o_row, lse_row, tl.trans(acc1) * (1.0 / (1 << V_BITS)), m_i, l_i, heads_n, NV + offs_vc,
-                          mask_gn, all_vc, stride_moh, stride_mlh)
-        if PV == 4:
-            store_partial(o_row, lse_row, tl.trans(acc2) * 0.0625, m_i, l_i, heads_n, 2 * NV + offs_vc, mask_gn,
-                          all_vc, stride_moh, stride_mlh)
-            store_partial(o_row, lse_row, tl.trans(acc3) * 0.015625, m_i, l_i, heads_n, 3 * NV + offs_vc, mask_gn,
-                          all_vc, stride_moh, stride_mlh)
+        _blocks_partial(Q, Block_tables, Cos, Sin,
+                        Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero,
+                        K_resid, K_rscale, K_rzero, V_resid, V_rscale, V_rzero,
+                        o_row, lse_row,
+                        pid_b, pid_kvh, pid_s, tiles_per_split, n_tiles, qk_scale, offs_h, offs_n, offs_r,
+                        stride_qb, stride_qh, stride_btb, stride_cs, stride_rkn, stride_bn, stride_br, stride_bsn,
+                        stride_ln, stride_lt, stride_lr, stride_krn, stride_krt, stride_krh, stride_ksn, stride_kst,
+                        stride_ksh, stride_vrn, stride_vrt, stride_vrh, stride_vrc, stride_vsn, stride_vst, stride_vsh,
+                        stride_moh, stride_mlh,
+                        NUM_KV_HEADS, GROUP, BLOCK_GN, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_R, BLOCK_S,
+                        K_BITS, V_BITS, ROTATED_KEYS, ASM)
 
     merge_if_last(Tickets + pid_b * NUM_KV_HEADS + pid_kvh, num_splits + 1, busy + 1, Mid_o + pid_b * stride_mob,
                   Mid_lse + pid_b * stride_mlb, Out + pid_b * stride_ob, heads, mask_g,

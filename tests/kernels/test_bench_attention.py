@@ -39,3 +39,18 @@ def test_bench_attention_tuning_smoke(tmp_path):
     for kernel, report in tuning.items():
         assert len(report["results"]) == len(bench.TUNE_SPACE[kernel])
         assert all("us" in r for r in report["results"]), [r for r in report["results"] if "us" not in r]
+
+
+def test_bench_attention_compare_smoke(tmp_path):
+    # --compare-with: a second copy of the ALR-KVD kernel module, loaded from a file (here this tree's own), timed
+    # against this tree's on the same rows; the same kernel, so their outputs agree exactly
+    bench = _load_bench()
+    out = tmp_path / "bench.json"
+    kernel_file = SCRIPT.parents[1] / "kernels" / "alrkvd_attention.py"
+    assert bench.main(["--smoke", "--compare-with", str(kernel_file), "--variants", "alrkvd-rot-r16",
+                       "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["meta"]["compare_with"] == str(kernel_file) and "tuning" not in result["meta"]
+    row = next(r for r in result["rows"] if r["method"] == "alrkvd-rot-r16")
+    assert row["check_ok"] and row["before_us"] > 0 and row["after_us"] == row["us"] > 0
+    assert row["ratio"] == row["after_us"] / row["before_us"] and row["max_diff_vs_before"] == 0
