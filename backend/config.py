@@ -87,7 +87,8 @@ class ModelConfig:
             rope_scaling=rope if rope_type != "default" else None,
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-            attention_bias=bool(cfg.get("attention_bias") or cfg.get("qkv_bias") or model_type == "qwen2_moe"),
+            # Qwen2-MoE has q/k/v biases unless its config says qkv_bias false
+            attention_bias=bool(cfg.get("attention_bias") or cfg.get("qkv_bias", model_type == "qwen2_moe")),
             qk_norm=qk_norm,
             num_experts=num_experts,
             num_experts_per_tok=cfg.get("num_experts_per_tok", 0) if num_experts else 0,

@@ -23,7 +23,7 @@ from backend.cuda_graphs import DecodeGraphs
 from backend.kv_cache import AttentionBatch, PagedKVCache, SeqKV
 from backend.kv_formats import FORMATS
 from backend.kv_presets import PRESETS, resolve_kv
-from backend.loader import load_model
+from backend.loader import load_model, resolve_source
 from backend.sampling import MAX_PROMPT_BYTES, RequestLimits, SamplingParams, sample
 from backend.step_cost import StepCost
 from backend.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -133,7 +133,7 @@ class LLMEngine:
                                 args.weight_dtype)
         self.cfg = self.model.cfg
         # "none" (like vLLM's skip_tokenizer_init): prompts are token ids and outputs carry no text
-        self.tokenizer = None if args.tokenizer == "none" else Tokenizer.load(args.tokenizer or args.model)
+        self.tokenizer = None if args.tokenizer == "none" else Tokenizer.load(resolve_source(args.tokenizer or args.model))
         self.max_model_len = args.max_model_len or self.cfg.max_position_embeddings
         self.model.setup_rotary(self.max_model_len)
         self.stop_ids = set(self.tokenizer.stop_token_ids if self.tokenizer else ()) | set(self.cfg.eos_token_id)

@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None):
                                                  f"({', '.join(PRESETS)})")
     ap.add_argument("--kv-opt", action="append", default=[], metavar="KEY=VALUE", help="KV format option")
     ap.add_argument("--kv-budget-bytes", type=int, default=256 << 20)
-    ap.add_argument("--model", default="default", help="'default' (SmolLM2), a .gguf file or a HF folder")
+    ap.add_argument("--model", default="default", help="'default' (SmolLM2), 'smollm2-moe' (it split into experts), a .gguf file "
+                    "or a Hugging Face folder")
     ap.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     ap.add_argument("--tokenizer", help="tokenizer source (defaults to the model)")
     ap.add_argument("--device", default="cpu")

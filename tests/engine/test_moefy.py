@@ -1,0 +1,85 @@
+"""The SmolLM2 MoE (backend/moefy.py): a deterministic build, transformers' logits, the intended sum of experts."""
+from kernels.testing import use_interpreter_without_gpu
+
+use_interpreter_without_gpu()
+
+import os  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import transformers  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+
+from backend import moefy  # noqa: E402
+from backend.engine import EngineArgs, LLMEngine  # noqa: E402
+from backend.loader import load_model, read_gguf  # noqa: E402
+from backend.tokenizer import default_model_path  # noqa: E402
+
+ATOL_FP32 = 2e-3  # as tests/engine/test_engine.py: float32 on both sides, only summation order differs
+
+
+@pytest.fixture(scope="module")
+def folder():
+    return moefy.model_path()  # built by `make setup`; built here if not
+
+
+@pytest.fixture(scope="module")
+def split():
+    with safe_open(moefy.SPLIT_FILE, "pt") as f:
+        return f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+
+
+def test_build_is_deterministic(folder, split, tmp_path):
+    meta, _ = split
+    assert moefy.checksum(folder) == meta["checksum"]
+    assert moefy.build(str(tmp_path / "again")) == meta["checksum"]  # raises on any other checksum
+
+
+def test_logits_match_transformers(folder):
+    engine = LLMEngine(EngineArgs(model=moefy.NAME, kv_format="full", max_num_seqs=1))
+    assert engine.cfg.model_type == "qwen2_moe" and engine.cfg.num_experts == 64
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = engine.tokenizer.encode("The capital of France is Paris. In 1905, Albert Einstein published four papers "
+                                  "that changed physics. def fibonacci(n):\n    return n if n < 2 else" * 2)
+    ours = engine.score(ids, chunk_size=37)
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0].float()
+    torch.testing.assert_close(ours, ref, atol=ATOL_FP32, rtol=0)
+    assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() > 0.99
+
+
+def test_moe_layer_is_the_sum_of_the_chosen_neurons(folder, split):
+    """A layer of the built model equals the dense FFN restricted to the shared neurons and the neurons of
+    the k experts its (unscaled) router ranks highest: the routing weights reproduce a plain sum (within the
+    1% that moefy.LOGIT_SPREAD allows the softmax weights)."""
+    meta, tensors = split
+    shared, E, k = int(meta["shared_neurons"]), int(meta["num_experts"]), int(meta["top_k"])
+    _, dense = read_gguf(default_model_path())
+    moe = load_model(folder)
+    torch.manual_seed(0)
+    for i in (0, 17, 29):
+        x = torch.randn(64, moe.cfg.hidden_size)
+        perm, router = tensors[f"layers.{i}.perm"].long(), tensors[f"layers.{i}.router"]
+        n = (len(perm) - shared) // E
+        chosen = (x @ router.T).topk(k, dim=-1).indices                       # [T, k]
+        keep = torch.zeros(len(x), len(perm))
+        keep[:, perm[:shared]] = 1
+        expert_neurons = perm[shared:].view(E, n)
+        for t in range(len(x)):
+            keep[t, expert_neurons[chosen[t]].flatten()] = 1
+        gate, up = dense[f"layers.{i}.mlp.gate_proj.weight"], dense[f"layers.{i}.mlp.up_proj.weight"]
+        ref = (F.silu(x @ gate.T) * (x @ up.T) * keep) @ dense[f"layers.{i}.mlp.down_proj.weight"].T
+        with torch.no_grad():
+            ours = moe.layers[i].mlp(x)
+        assert ((ours - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_a_missing_or_unsupported_model_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no .gguf file and no folder with a config.json"):
+        load_model(str(tmp_path / "nowhere"))
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2", "num_attention_heads": 12, "hidden_size": 768,'
+                                          ' "num_hidden_layers": 12, "vocab_size": 50257}')
+    with pytest.raises(ValueError, match="unsupported model_type 'gpt2'"):
+        load_model(str(tmp_path))
+    assert os.path.isfile(moefy.SPLIT_FILE)
