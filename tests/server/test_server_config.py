@@ -36,7 +36,7 @@ def test_config_is_decoupled_python_with_engine_parameters(pbtxt):
     args = _load("engine_config").engine_args_from_config({"parameters": params}, str(model_dir), EngineArgs)
     assert isinstance(args.max_num_seqs, int) and isinstance(args.kv_budget_bytes, int)
     assert isinstance(args.kv_options, dict)
-    if params["model"]["string_value"] != "default":
+    if params["model"]["string_value"] not in ("default", "smollm2-moe"):  # named models; others are paths
         assert Path(args.model).exists()
 
 
