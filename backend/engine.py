@@ -24,6 +24,7 @@ from backend.kv_cache import AttentionBatch, PagedKVCache, SeqKV
 from backend.kv_formats import FORMATS
 from backend.kv_presets import PRESETS, resolve_kv
 from backend.loader import load_model, resolve_source
+from backend.model import MoE
 from backend.sampling import MAX_PROMPT_BYTES, RequestLimits, SamplingParams, sample
 from backend.step_cost import StepCost
 from backend.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -136,6 +137,9 @@ class LLMEngine:
         self.tokenizer = None if args.tokenizer == "none" else Tokenizer.load(resolve_source(args.tokenizer or args.model))
         self.max_model_len = args.max_model_len or self.cfg.max_position_embeddings
         self.model.setup_rotary(self.max_model_len)
+        self.moe_layers = [m for m in self.model.modules() if isinstance(m, MoE)]
+        for m in self.moe_layers:  # before any graph capture: the graphs add to these tensors
+            m.routed_tokens = torch.zeros(m.gate.out_features, dtype=torch.float64, device=args.device)
         self.stop_ids = set(self.tokenizer.stop_token_ids if self.tokenizer else ()) | set(self.cfg.eos_token_id)
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -436,6 +440,15 @@ class LLMEngine:
                 self.cache.free(kv)
         return torch.cat(logits)
 
+    def routing_counts(self) -> torch.Tensor | None:
+        """[MoE layers, experts]: tokens routed to each expert since start (None for a dense model). Copies
+        from the device: call it off the engine thread (the Triton model's metrics thread does)."""
+        return torch.stack([m.routed_tokens for m in self.moe_layers]).cpu() if self.moe_layers else None
+
+    def reset_routing_counts(self):
+        for m in self.moe_layers:
+            m.routed_tokens.zero_()
+
     def stats(self) -> dict:
         tokens = sum(s.kv.num_tokens for s in self.running)
         cache = self.cache.stats()
@@ -464,6 +477,8 @@ class AsyncEngine:
         self.engine = LLMEngine(args)
         self.args = args
         self.graph_capture_s = self.engine.graphs.capture_all() if self.engine.graphs is not None else 0.0
+        self.engine.reset_routing_counts()  # the captures' throwaway tokens are not traffic
+        self.num_moe_layers = len(self.engine.moe_layers)
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.wakeup = threading.Event()
         self.streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -527,6 +542,9 @@ class AsyncEngine:
 
     def stats(self) -> dict:
         return self._stats
+
+    def routing_counts(self) -> torch.Tensor | None:
+        return self.engine.routing_counts()
 
     def shutdown(self):
         self.stopped = True

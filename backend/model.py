@@ -139,6 +139,7 @@ class MoE(nn.Module):
             self.shared_expert = MLP(H, cfg.shared_expert_intermediate_size)
             self.shared_expert_gate = nn.Linear(H, 1, bias=False)
         self.experts = None  # an ExpertCache (backend/experts.py) replaces the stacked weights when streaming
+        self.routed_tokens = None  # [E] float64: tokens routed to each expert, when the engine counts them
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)
@@ -149,6 +150,8 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
+        if self.routed_tokens is not None:  # on the device, no sync: captured in decode graphs too
+            self.routed_tokens.index_add_(0, ids.flatten(), torch.ones(ids.numel(), dtype=torch.float64, device=ids.device))
         if self.experts is not None:
             out = self.experts.run(x, weights, ids)
         elif x.is_cuda:

@@ -47,6 +47,8 @@ def test_logits_match_transformers(folder):
         ref = hf(torch.tensor([ids])).logits[0].float()
     torch.testing.assert_close(ours, ref, atol=ATOL_FP32, rtol=0)
     assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() > 0.99
+    counts = engine.routing_counts()  # what /metrics reports: every token's k experts, in every layer
+    assert counts.shape == (30, 64) and (counts.sum(1) == len(ids) * 16).all()
 
 
 def test_moe_layer_is_the_sum_of_the_chosen_neurons(folder, split):

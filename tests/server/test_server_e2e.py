@@ -186,6 +186,23 @@ def test_dummy_moe_model_serves(triton_server):
     assert metric(samples, "alrkvd:expert_bytes_streamed", "smollm2") == 0  # dense model: nothing to stream
 
 
+def test_moe_routing_on_metrics(triton_server):
+    """smollm2_moe reports, per MoE layer, its busiest expert's routed tokens over the mean (>= 1 once
+    tokens ran); a dense model has no such series."""
+    if "smollm2_moe" not in triton_server.models:
+        pytest.fail("smollm2_moe is not served (ALRKVD_TEST_MODELS)")
+    r = complete("Route me through the experts", url=triton_server.grpc_url, model="smollm2_moe",
+                 max_tokens=4, **GREEDY)
+    assert r.num_output_tokens == 4
+    samples = wait_for(lambda: (s := scrape(triton_server)) and
+                       metric(s, "alrkvd:moe_expert_load_imbalance", "smollm2_moe", layer="29") >= 1 and s)
+    assert samples, "no routing on /metrics"
+    for layer in range(30):
+        assert 1 <= metric(samples, "alrkvd:moe_expert_load_imbalance", "smollm2_moe", layer=str(layer)) <= 64
+    with pytest.raises(KeyError):
+        metric(samples, "alrkvd:moe_expert_load_imbalance", "smollm2", layer="0")
+
+
 # ----------------------------------------------------------------------------------------------
 # cancellation
 # ----------------------------------------------------------------------------------------------

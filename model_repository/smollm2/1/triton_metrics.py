@@ -38,7 +38,7 @@ EXPERT_GAUGES = {
 class TritonMetrics:
     """All metric families and this model's labelled metrics."""
 
-    def __init__(self, labels: dict):
+    def __init__(self, labels: dict, num_moe_layers: int = 0):
         F = pb_utils.MetricFamily
         self.families = []
 
@@ -80,6 +80,11 @@ class TritonMetrics:
         # Expert streaming (backend/experts.py); they stay at 0 where every expert is resident.
         self.experts = {key: metric(f"alrkvd:{key}", description, F.GAUGE)
                         for key, description in EXPERT_GAUGES.items()}
+        # Routing (MoE models): per MoE layer, the busiest expert's tokens over the mean since start (1 = even).
+        if num_moe_layers:
+            imbalance = family("alrkvd:moe_expert_load_imbalance",
+                               "Busiest expert's routed tokens over the mean, per MoE layer, since start", F.GAUGE)
+            self.moe_imbalance = [imbalance.Metric(labels={**labels, "layer": str(i)}) for i in range(num_moe_layers)]
 
 
     def close(self):
@@ -97,9 +102,10 @@ class TritonMetrics:
 class MetricsLogger:
     """`record_*` enqueue; one thread applies the records and refreshes the engine gauges."""
 
-    def __init__(self, metrics: TritonMetrics, stats_fn, interval_s: float = 0.5):
+    def __init__(self, metrics: TritonMetrics, stats_fn, interval_s: float = 0.5, routing_fn=None):
         self.metrics = metrics
         self.stats_fn = stats_fn
+        self.routing_fn = routing_fn  # () -> [MoE layers, experts] routed-token counts, or None (dense)
         self.interval_s = interval_s
         self.queue: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._loop, name="alrkvd-metrics", daemon=True)
@@ -196,3 +202,7 @@ class MetricsLogger:
         m.kv_compression.set(s.get("compression", 1.0))
         for key, gauge in m.experts.items():
             gauge.set(s.get(key, 0.0))
+        counts = self.routing_fn() if self.routing_fn is not None else None
+        if counts is not None:
+            for gauge, load in zip(m.moe_imbalance, counts):
+                gauge.set(float(load.max() / load.mean()) if load.sum() > 0 else 0.0)
