@@ -23,8 +23,11 @@ and threads are back to the baseline, at most --settle), then the rules of `verd
     bad_requests        the server counted each bad request as refused (alrkvd:request_failure_total{invalid})
     served              at least one ordinary request served
     same_processes      the server and its stubs are the processes that were there at the start
-    memory              the RSS slope (server + stubs, linear fit over the second half of the load) at most
-                        --max-mem-slope MB/h; judged when that half lasts --min-mem-window or longer
+    memory              the slope of anonymous resident memory (server + stubs, RSS less file-backed and shared
+                        pages, linear fit over the second half of the load) at most --max-mem-slope MB/h; judged
+                        when that half lasts --min-mem-window or longer. Anonymous memory is where a leak grows;
+                        file-backed pages (the memory-mapped weights) come and go with the machine's memory
+                        pressure (a 60-minute soak saw 250 MB of them reclaimed when another job took 13 GB)
     clean_stop          (a server the soak started) it stops at once, exit 0: no request left in the model
 
 Writes soak.json (settings, every sample, the summary), soak.png, and the load test's own files and
@@ -125,14 +128,16 @@ def listening_pid(port: int) -> int | None:
 
 
 def sample_processes(server_pid: int) -> list[dict]:
-    """RSS (MB), open fds and threads of tritonserver and every process under it (its stubs)."""
+    """RSS and anonymous RSS (MB), open fds and threads of tritonserver and every process under it (its stubs)."""
     server = psutil.Process(server_pid)
     out = []
     for proc in [server] + server.children(recursive=True):
         try:
             with proc.oneshot():
-                out.append({"pid": proc.pid, "name": proc.name(), "rss_mb": proc.memory_info().rss / MB,
-                            "fds": proc.num_fds(), "threads": proc.num_threads()})
+                mem = proc.memory_info()  # Linux: `shared` is the resident file-backed and shmem pages
+                out.append({"pid": proc.pid, "name": proc.name(), "rss_mb": mem.rss / MB,
+                            "anon_mb": (mem.rss - mem.shared) / MB, "fds": proc.num_fds(),
+                            "threads": proc.num_threads()})
         except psutil.NoSuchProcess:
             continue
     return out
@@ -242,6 +247,8 @@ class Sampler:
             "t": round(t, 3), "wall": time.time(), "phase": phase, "processes": procs,
             "rss_mb": {"server": sum(p["rss_mb"] for p in procs if p["pid"] == self.server_pid),
                        "stubs": sum(p["rss_mb"] for p in stubs), "total": sum(p["rss_mb"] for p in procs)},
+            "anon_mb": {"server": sum(p["anon_mb"] for p in procs if p["pid"] == self.server_pid),
+                        "stubs": sum(p["anon_mb"] for p in stubs), "total": sum(p["anon_mb"] for p in procs)},
             "fds": sum(p["fds"] for p in procs), "threads": sum(p["threads"] for p in procs),
             "server": server,
             "client": {"requests": self.tail.total, "by_outcome": dict(self.tail.by_outcome),
@@ -284,9 +291,9 @@ def linear_fit(ts: list[float], ys: list[float]) -> tuple[float, float] | None:
     return slope, my - slope * mt
 
 
-def memory_slope(samples: list[dict], t_from: float, t_to: float, key: str = "total") -> dict:
-    """Linear fit of RSS (`rss_mb[key]`) over the load samples taken in [t_from, t_to]: MB per hour."""
-    pts = [(s["t"], s["rss_mb"][key]) for s in samples if s["phase"] == "load" and t_from <= s["t"] <= t_to]
+def memory_slope(samples: list[dict], t_from: float, t_to: float, key: str = "total", memory: str = "anon_mb") -> dict:
+    """Linear fit of `memory` (anon_mb or rss_mb) [key] over the load samples in [t_from, t_to]: MB per hour."""
+    pts = [(s["t"], s[memory][key]) for s in samples if s["phase"] == "load" and t_from <= s["t"] <= t_to]
     fit = linear_fit([t for t, _ in pts], [y for _, y in pts])
     window = (pts[-1][0] - pts[0][0]) if pts else 0.0
     return {"from_s": t_from, "to_s": t_to, "points": len(pts), "window_s": window,
@@ -328,7 +335,7 @@ def verdict(before: dict, after: dict, samples: list[dict], tail: RecordTail, du
     judged = half["mb_per_h"] is not None and duration_s / 2 >= min_mem_window_s
     if judged:
         checks["memory"] = {"pass": half["mb_per_h"] <= max_mem_slope, "judged": True,
-                            "detail": f"{half['mb_per_h']:+.1f} MB/h over the second half ({half['points']} samples "
+                            "detail": f"anonymous {half['mb_per_h']:+.1f} MB/h over the second half ({half['points']} samples "
                                       f"over {half['window_s']:.0f} s); at most {max_mem_slope:g} MB/h"}
     else:
         checks["memory"] = {"pass": True, "judged": False,
@@ -351,6 +358,8 @@ def verdict(before: dict, after: dict, samples: list[dict], tail: RecordTail, du
                       "max_under_load": max((s["rss_mb"]["total"] for s in load), default=None),
                       "slope_steady": memory_slope(samples, warmup_s, duration_s),
                       "slope_second_half": half,
+                      "rss_slope_second_half": memory_slope(samples, duration_s / 2, duration_s, memory="rss_mb"),
+                      "anon_before": before["anon_mb"], "anon_after": after["anon_mb"],
                       "slope_second_half_by_process": {
                           k: memory_slope(samples, duration_s / 2, duration_s, k)["mb_per_h"]
                           for k in ("server", "stubs")},
@@ -382,9 +391,11 @@ def write_plot(path: Path, samples: list[dict], summary: dict, duration_s: float
     fig, axes = plt.subplots(2, 2, figsize=(12, 7), sharex=True)
     ax = axes[0][0]
     for key in ("total", "stubs", "server"):
-        ax.plot(t, [s["rss_mb"][key] for s in samples], label=key, marker=".", ms=3)
+        ax.plot(t, [s["rss_mb"][key] for s in samples], label=f"RSS {key}", marker=".", ms=3)
+    ax.plot(t, [s["anon_mb"]["total"] for s in samples], label="anonymous total", marker=".", ms=3)
     half = summary["memory_mb"]["slope_second_half"]
-    ax.set_title(f"RSS (MB); second half {half['mb_per_h']:+.1f} MB/h" if half["mb_per_h"] is not None else "RSS (MB)")
+    ax.set_title(f"memory (MB); anonymous, second half {half['mb_per_h']:+.1f} MB/h"
+                 if half["mb_per_h"] is not None else "memory (MB)")
     ax.legend(fontsize=8)
     ax = axes[0][1]
     kv = [(x, s["server"]["kv_blocks_used"]) for x, s in zip(t, samples) if "error" not in s["server"]]
@@ -467,7 +478,8 @@ def _print_sample(s: dict) -> None:
     c = s["client"]
     outcomes = ", ".join(f"{k} {v}" for k, v in sorted(c["by_outcome"].items()))
     print(f"[soak {s['t']:7.0f} s {s['phase']:>6}] rss {s['rss_mb']['total']:.0f} MB (server "
-          f"{s['rss_mb']['server']:.0f}, stubs {s['rss_mb']['stubs']:.0f})  kv {kv}  fds {s['fds']}  "
+          f"{s['rss_mb']['server']:.0f}, stubs {s['rss_mb']['stubs']:.0f}; anonymous {s['anon_mb']['total']:.0f})  "
+          f"kv {kv}  fds {s['fds']}  "
           f"threads {s['threads']}  requests {c['requests']} ({outcomes or 'none'}; unexpected {c['unexpected']})",
           flush=True)
 

@@ -295,7 +295,8 @@ def test_linear_fit_and_memory_slope():
 
 
 def sample(t, rss=1000.0, phase="load", kv=0, fds=70, threads=60, invalid=0, pids=((1, "tritonserver"), (2, "stub"))):
-    return {"t": t, "phase": phase, "rss_mb": {"total": rss, "server": 40.0, "stubs": rss - 40.0},
+    mem = {"total": rss, "server": 40.0, "stubs": rss - 40.0}
+    return {"t": t, "phase": phase, "rss_mb": mem, "anon_mb": mem,
             "fds": fds, "threads": threads,
             "processes": [{"pid": p, "name": n, "rss_mb": 1.0, "fds": 1, "threads": 1} for p, n in pids],
             "server": {"kv_blocks_used": kv, "kv_blocks_total": 278, "running": 0, "waiting": 0,
