@@ -138,8 +138,12 @@ class LLMEngine:
         self.max_model_len = args.max_model_len or self.cfg.max_position_embeddings
         self.model.setup_rotary(self.max_model_len)
         self.moe_layers = [m for m in self.model.modules() if isinstance(m, MoE)]
+        most_tokens = max(args.max_num_batched_tokens, self.max_model_len)  # a step, or a `score` chunk
+        ones = torch.ones(most_tokens * self.cfg.num_experts_per_tok, dtype=torch.float64,
+                          device=args.device) if self.moe_layers else None
         for m in self.moe_layers:  # before any graph capture: the graphs add to these tensors
             m.routed_tokens = torch.zeros(m.gate.out_features, dtype=torch.float64, device=args.device)
+            m.routed_ones = ones
         self.stop_ids = set(self.tokenizer.stop_token_ids if self.tokenizer else ()) | set(self.cfg.eos_token_id)
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []

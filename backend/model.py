@@ -140,6 +140,7 @@ class MoE(nn.Module):
             self.shared_expert_gate = nn.Linear(H, 1, bias=False)
         self.experts = None  # an ExpertCache (backend/experts.py) replaces the stacked weights when streaming
         self.routed_tokens = None  # [E] float64: tokens routed to each expert, when the engine counts them
+        self.routed_ones = None    # ones to add, as many as a step's (token, expert) pairs (shared by layers)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)
@@ -150,8 +151,8 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
-        if self.routed_tokens is not None:  # on the device, no sync: captured in decode graphs too
-            self.routed_tokens.index_add_(0, ids.flatten(), torch.ones(ids.numel(), dtype=torch.float64, device=ids.device))
+        if self.routed_tokens is not None:  # one kernel on the device, no sync: captured in decode graphs too
+            self.routed_tokens.index_add_(0, ids.flatten(), self.routed_ones[: ids.numel()])
         if self.experts is not None:
             out = self.experts.run(x, weights, ids)
         elif x.is_cuda:

@@ -59,7 +59,9 @@ def test_graphs_give_the_eager_tokens(tmp_path, shape, kv_format):
             done |= {o.request_id: o.token_ids for o in engine.step() if o.finished}
         return [done[r] for r in rids]
 
+    engine.reset_routing_counts()
     expected = generate()
+    eager_counts = engine.routing_counts()  # tokens routed to each expert (MoE; None for llama)
     engine.graphs = DecodeGraphs(engine.model, engine.cache, 4, engine.max_model_len, capture=DEVICE == "cuda")
     assert generate() == expected
     assert sorted(engine.graphs.graphs) == [1, 2, 3]  # captured on first use
@@ -69,7 +71,10 @@ def test_graphs_give_the_eager_tokens(tmp_path, shape, kv_format):
     engine.graphs.capture_all()
     assert sorted(engine.graphs.graphs) == [1, 2, 3, 4]
     assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
+    engine.reset_routing_counts()
     assert generate() == expected
+    if eager_counts is not None:  # graph replays count routed tokens (alrkvd:moe_expert_load_imbalance) as eager steps do
+        assert eager_counts.sum() > 0 and torch.equal(engine.routing_counts(), eager_counts)
     assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
 
 
