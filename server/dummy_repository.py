@@ -69,9 +69,16 @@ def main() -> None:
     p.add_argument("--name", default="qwen3_30b")
     p.add_argument("--kv-budget-gb", type=float, default=16)
     p.add_argument("--max-num-seqs", type=int, default=32)
+    p.add_argument("--kv-format", help="the KV format or preset (default: the GPU config's)")
+    p.add_argument("--max-step-ms", type=float, help="stall-free batching's step target (default: off)")
     a = p.parse_args()
-    write(a.out, a.shape, a.name, {"kv_budget_bytes": int(a.kv_budget_gb * 2**30), "max_model_len": 8192,
-                                   "max_num_seqs": a.max_num_seqs, "max_num_batched_tokens": 2048})
+    options = {"kv_budget_bytes": int(a.kv_budget_gb * 2**30), "max_model_len": 8192,
+               "max_num_seqs": a.max_num_seqs, "max_num_batched_tokens": 2048}
+    if a.kv_format:
+        options["kv_format"] = a.kv_format
+    if a.max_step_ms is not None:
+        options["max_step_ms"] = a.max_step_ms
+    write(a.out, a.shape, a.name, options)
     print(f"wrote {a.out}: {a.name}, {a.name}_eager")
 
 
