@@ -101,16 +101,9 @@ def main(argv=None) -> int:
 
 
 def start_server(model: str):
-    import socket
+    from server.serve import TritonLauncher, free_ports
 
-    from server.serve import TritonLauncher
-
-    socks = [socket.socket() for _ in range(3)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
+    ports = free_ports(3)
     launcher = TritonLauncher(models=[model], host="127.0.0.1", http_port=ports[0], grpc_port=ports[1],
                               metrics_port=ports[2])
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_itl_tritonserver_{os.getpid()}.log", "wb")

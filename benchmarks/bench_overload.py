@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import socket
 import statistics
 import sys
 import tempfile
@@ -28,15 +27,9 @@ import requests
 
 from client import ServerError, complete
 from server.model_config import variant_repository
-from server.serve import TritonLauncher
+from server.serve import TritonLauncher, free_ports
 
 PROMPT = "Once upon a time, in a small village by the sea,"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def percentiles(values: list[float]) -> dict:
@@ -145,8 +138,9 @@ def main(argv=None) -> int:
         repo = variant_repository(Path(tmp), "smollm2", {"max_num_seqs": str(a.max_num_seqs),
                                                          "max_queue_size": str(a.max_queue_size),
                                                          "torch_num_threads": "1"})
-        launcher = TritonLauncher(model_repository=repo, models=["smollm2"], http_port=free_port(),
-                                  grpc_port=free_port(), metrics_port=free_port())
+        http, grpc, metrics = free_ports(3)
+        launcher = TritonLauncher(model_repository=repo, models=["smollm2"], http_port=http,
+                                  grpc_port=grpc, metrics_port=metrics)
         log_path = Path(tmp) / "tritonserver.log"
         with open(log_path, "wb") as log:
             launcher.start(stdout=log, stderr=log)

@@ -9,12 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import socket
 import tempfile
 from pathlib import Path
 
 from loadtest import run as lt_run
-from server.serve import TritonLauncher
+from server.serve import TritonLauncher, free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BASE = REPO_ROOT / "model_repository" / "smollm2"
@@ -30,16 +29,6 @@ def write_variant(repo: Path, name: str, params: dict) -> None:
     (repo / name).mkdir(parents=True)
     (repo / name / "config.pbtxt").write_text(text)
     (repo / name / "1").symlink_to(BASE / "1", target_is_directory=True)
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def tenant_figures(summary_path: Path) -> dict:

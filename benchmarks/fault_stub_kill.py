@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -26,15 +25,9 @@ import requests
 
 from client import complete, stream
 from server.model_config import variant_repository
-from server.serve import TritonLauncher, python_stubs
+from server.serve import TritonLauncher, free_ports, python_stubs
 
 PROMPT = "Once upon a time, in a small village by the sea,"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def status(url: str) -> int | str:
@@ -100,8 +93,9 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="alrkvd-stub-kill-") as tmp:
         repo = variant_repository(Path(tmp), "smollm2", {"torch_num_threads": "1"})
-        launcher = TritonLauncher(model_repository=repo, models=["smollm2"], http_port=free_port(),
-                                  grpc_port=free_port(), metrics_port=free_port(), exit_timeout_s=a.exit_timeout)
+        http, grpc, metrics = free_ports(3)
+        launcher = TritonLauncher(model_repository=repo, models=["smollm2"], http_port=http,
+                                  grpc_port=grpc, metrics_port=metrics, exit_timeout_s=a.exit_timeout)
         log_path = Path(tmp) / "tritonserver.log"
         with open(log_path, "wb") as log:
             launcher.start(stdout=log, stderr=log)

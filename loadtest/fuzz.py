@@ -52,7 +52,6 @@ import json
 import math
 import os
 import random
-import socket
 import struct
 import sys
 import threading
@@ -688,17 +687,6 @@ def run_fuzz(http_url: str, grpc_url: str, model: str, cases: int = 300, seed: i
     }
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m loadtest.fuzz", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -730,8 +718,9 @@ def main(argv: list[str] | None = None) -> int:
     launcher = None
     if args.start_server:
         from loadtest.run import start_server
+        from server.serve import free_ports
 
-        http, grpc_port = _free_ports(2)
+        http, grpc_port = free_ports(2)
         args.http_url, args.grpc_url = f"127.0.0.1:{http}", f"127.0.0.1:{grpc_port}"
         log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"fuzz_tritonserver_{os.getpid()}.log"
         launcher = start_server(f"http://{args.http_url}", args.grpc_url, [args.model], 900.0, log_path)

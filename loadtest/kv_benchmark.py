@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import socket
 import sys
 import tempfile
 import urllib.request
@@ -67,17 +66,6 @@ def server_gauges(metrics_url: str) -> dict[str, dict[str, float]]:
     return out
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.kv_benchmark", description=__doc__.split("\n\n")[0])
     p.add_argument("--tenants", default=str(Path(__file__).with_name("tenants_kv.yaml")))
@@ -92,12 +80,12 @@ def main(argv=None) -> int:
     p.add_argument("--ready-timeout", type=float, default=900.0)
     a = p.parse_args(argv)
 
-    from server.serve import TritonLauncher
+    from server.serve import TritonLauncher, free_ports
 
     models = sorted({t.model for t in load_tenants(a.tenants).tenants})
     with tempfile.TemporaryDirectory(prefix="alrkvd-kvbench-") as tmp:
         repo = build_repository(models, Path(tmp))
-        http, grpc, metrics = _free_ports(3)
+        http, grpc, metrics = free_ports(3)
         launcher = TritonLauncher(model_repository=repo, host="127.0.0.1", http_port=http, grpc_port=grpc,
                                   metrics_port=metrics)
         print(f"starting tritonserver with {', '.join(models)} ...", flush=True)

@@ -41,7 +41,6 @@ import argparse
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -103,20 +102,6 @@ def build_parser() -> argparse.ArgumentParser:
 # ------------------------------------------------------------------------------------------------
 # Observing the server: processes and /metrics
 # ------------------------------------------------------------------------------------------------
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on the loopback."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def listening_pid(port: int) -> int | None:
@@ -546,6 +531,8 @@ def main(argv=None) -> int:
             print(f"soak: no process on this machine listens at {host}: pass --server-pid", file=sys.stderr)
             return 2
     else:
+        from server.serve import free_ports
+
         http, grpc, metrics = free_ports(3)
         host, grpc_url = f"http://127.0.0.1:{http}", f"127.0.0.1:{grpc}"
         launcher = _run.start_server(host, grpc_url, models, a.wait_ready, out / "tritonserver.log", metrics)

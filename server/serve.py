@@ -33,6 +33,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -215,6 +216,20 @@ def python_stubs(server_pid: int) -> dict[int, str]:
 # ----------------------------------------------------------------------------------------------
 # Readiness
 # ----------------------------------------------------------------------------------------------
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on the loopback (bound together, so they differ), for a server of one's own."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _http_ok(url: str, timeout: float = 2.0) -> bool:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,20 +35,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 MODEL_REPOSITORY = REPO_ROOT / "model_repository"
 DEFAULT_MODEL = "smollm2"
 STOP_TIMEOUT_S = 90
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on the loopback (held together so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @dataclass
@@ -100,7 +85,7 @@ def start_server(log_dir: Path, models: tuple[str, ...], model_repository: Path 
                  env: dict[str, str] | None = None, exit_timeout_s: int = 15) -> TritonServer:
     """`python -m server.serve` on free loopback ports, ready (pytest.fail with the log if not).
     `env`: added to this process's environment."""
-    from server.serve import LaunchError, wait_until_ready
+    from server.serve import LaunchError, free_ports, wait_until_ready
 
     timeout = float(os.environ.get("ALRKVD_TEST_READY_TIMEOUT", "900"))
     http, grpc, metrics = free_ports(3)
