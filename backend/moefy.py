@@ -27,6 +27,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 
 import torch
 import torch.nn.functional as F
@@ -47,10 +48,18 @@ def models_dir() -> str:
     return os.environ.get("ALRKVD_MODELS") or os.path.join(REPO, "models")
 
 
+def expected_checksum(split_file: str = SPLIT_FILE) -> str:
+    """The checksum the split file says its build must have."""
+    from safetensors import safe_open
+    with safe_open(split_file, "pt") as f:
+        return f.metadata()["checksum"]
+
+
 def model_path() -> str:
-    """The built MoE's folder, built first if it is not there yet."""
+    """The built MoE's folder, built first if it is missing or was built from another split file."""
     out = os.path.join(models_dir(), NAME)
-    if not os.path.isfile(os.path.join(out, "checksum.sha256")):
+    stamp = os.path.join(out, "checksum.sha256")
+    if not os.path.isfile(stamp) or open(stamp).read().strip() != expected_checksum():
         build(out)
     return out
 
@@ -58,7 +67,7 @@ def model_path() -> str:
 # ---- build ----------------------------------------------------------------------------------------
 
 def build(out: str, split_file: str = SPLIT_FILE, gguf_path: str | None = None, check: bool = True) -> str:
-    """Write the Mixtral folder `out` (config.json, model.safetensors, tokenizer files, checksum.sha256).
+    """Write the Qwen2-MoE folder `out` (config.json, model.safetensors, tokenizer files, checksum.sha256).
     Returns the checksum of config.json and model.safetensors; raises if it is not the split file's."""
     from safetensors import safe_open
     from safetensors.torch import save_file
@@ -201,7 +210,9 @@ def fit(shared: int, num_experts: int, top_k: int, tokens: int, out: str = SPLIT
         split[f"layers.{i}.router"] = router
         meta[f"layers.{i}.logit_range"] = repr(float((x @ router.T).abs().max()))
     save_file(split, out, metadata={**meta, "checksum": ""})
-    meta["checksum"] = build(os.path.join(models_dir(), f".{NAME}-fit"), out, gguf_path, check=False)
+    scratch = os.path.join(models_dir(), f".{NAME}-fit")
+    meta["checksum"] = build(scratch, out, gguf_path, check=False)
+    shutil.rmtree(scratch)
     save_file(split, out, metadata=meta)
     print(f"wrote {out} ({os.path.getsize(out) / 1e6:.1f} MB); checksum {meta['checksum']}")
 

@@ -40,9 +40,7 @@ def write(out: Path, shape: str, name: str, options: dict) -> None:
     from backend.tokenizer import Tokenizer
 
     tok = Tokenizer.load("default")
-    tok.tokenizer.save(str(weights / "tokenizer.json"))
-    (weights / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": tok.bos_token, "eos_token": tok.eos_token, "chat_template": tok.chat_template}))
+    tok.save_pretrained(str(weights))
     # the tokenizer's vocabulary: a random model samples any id it has, and an id the tokenizer lacks is no
     # text, so the server would stream nothing for it (bursts of tokens, not one piece per token)
     config = dict(SHAPES[shape], vocab_size=tok.vocab_size, eos_token_id=tok.token_to_id(tok.eos_token))
