@@ -1,12 +1,21 @@
-"""Decode steps replayed as CUDA graphs, as vLLM does: a decode step of a MoE model launches
-hundreds of small kernels, and from Python that launch time, not the GPU, sets the step time
-(BENCHMARKS.md section 1). One graph per batch size, captured the first time that size decodes:
-the whole forward (embedding, every layer, the decode attention kernels, the fused MoE kernels,
-the final norm) over static input buffers; `capture_all` captures every size up front (the server
-does, at start-up). A replay copies the step's tokens, positions and block tables into those buffers
-and launches the graph once.
+"""Engine steps replayed as CUDA graphs, as vLLM does: a step of a MoE model launches hundreds of small
+kernels, and from Python that launch time, not the GPU, sets the step time (BENCHMARKS.md section 1).
+A graph holds the whole forward (embedding, every layer, the attention kernels, the fused MoE kernels,
+the final norm) over static input buffers; a replay copies the step's tokens, positions and block tables
+into those buffers and launches the graph once.
 
-What a graph cannot hold runs eagerly: prefill chunks, and the blocks a decode step fills, which
+Two kinds of step replay a graph:
+- decode steps, one graph per batch size (every size up to `max_batch`);
+- steps that carry prompt chunks beside decodes, up to `max_tokens` tokens, one graph per size bucket
+  (`token_sizes`): the step's rows are padded to the bucket with rows that write and read a free block
+  only. Their attention is the tiles kernel (kernels/paged_attention.py `paged_tiles_attention`), which
+  takes the prompt chunks' causal rows and the decodes in one launch; page-addressed formats only
+  (`PagedKVCache.tiles_supported`). The scheduler cuts prompt chunks beside decodes to fit.
+Graphs are captured the first time a size runs; `capture_all` captures every size up front (the server
+does, at start-up).
+
+What a graph cannot hold runs eagerly: larger steps (a prompt alone, in chunks of up to
+`max_num_batched_tokens`), mixed steps of windowed formats, and the blocks a decode step fills, which
 `PagedKVCache.commit` compresses after the step. Models whose experts stream from host memory
 (backend/experts.py) decide on the host which experts to copy, so they are not captured.
 """
@@ -19,16 +28,28 @@ import torch
 from backend.kv_cache import AttentionBatch, PagedKVCache, SeqKV
 from backend.model import MoE, Transformer
 
+TOKEN_SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048)  # graph sizes of steps with prompt chunks, up to max_tokens
 
-class DecodeGraphs:
-    def __init__(self, model: Transformer, cache: PagedKVCache, max_batch: int, max_len: int, capture: bool = True):
-        """`capture=False` runs the same static buffers eagerly (a CPU test of everything but the capture)."""
+
+class StepGraphs:
+    def __init__(self, model: Transformer, cache: PagedKVCache, max_batch: int, max_len: int, max_tokens: int = 0,
+                 capture: bool = True):
+        """`max_tokens`: the most tokens of a step with prompt chunks that replays a graph (0, or a cache
+        without the tiles kernel: decode steps only). `capture=False` runs the same static buffers eagerly
+        (a CPU test of everything but the capture)."""
         self.model, self.cache, self.max_batch, self.capture = model, cache, max_batch, capture
+        self.max_tokens = max(max_tokens, max_batch) if max_tokens and cache.tiles_supported() else 0
+        self.token_sizes = [s for s in TOKEN_SIZES if s < self.max_tokens] + [self.max_tokens] if self.max_tokens else []
+        rows = max(max_batch, self.max_tokens)
         device = cache.device
-        self.tokens = torch.zeros(max_batch, dtype=torch.long, device=device)
-        self.positions = torch.zeros(max_batch, dtype=torch.long, device=device)
-        self.meta = cache.decode_buffers(max_batch, max_len)
-        self.graphs: dict[int, tuple | None] = {}  # batch size -> (graph, its hidden states); None: not captured
+        self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
+        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
+        self.meta = cache.decode_buffers(rows, max_len, cache.num_tiles(self.max_tokens, max_batch) if self.max_tokens else 0)
+        # routed-token counters add one per (token, expert) pair: zeros for a graph's padding rows
+        self.routed_ones = next((m.routed_ones for m in model.modules()
+                                 if isinstance(m, MoE) and m.routed_ones is not None), None)
+        self.top_k = model.cfg.num_experts_per_tok
+        self.graphs: dict[tuple[str, int], tuple | None] = {}  # ("decode", B) or ("mixed", T) -> (graph, hidden)
         self.pool = None  # one memory pool shared by every graph (they never run at once)
 
     @staticmethod
@@ -38,39 +59,61 @@ class DecodeGraphs:
                 and all(m.experts is None for m in model.modules() if isinstance(m, MoE)))
 
     def run(self, tokens: list[int], positions: list[int], batch: AttentionBatch) -> torch.Tensor | None:
-        """Final hidden states [B, hidden] of a decode step, or None when the step is not a decode of at
-        most `max_batch` sequences (the caller runs it eagerly)."""
-        B = len(batch.seqs)
-        if B > self.max_batch or any(n != 1 for n in batch.query_lens):
+        """Final hidden states [T', hidden] of the step (its T tokens' rows first), or None when no graph takes
+        the step (the caller runs it eagerly)."""
+        B, T = len(batch.seqs), len(tokens)
+        if B > self.max_batch:
             return None
+        if all(n == 1 for n in batch.query_lens):
+            key, size, pad, num_tiles = ("decode", B), B, (0, 0), 0
+        else:
+            free = self.cache.allocator.free_ids
+            if T > self.max_tokens or not free:
+                return None
+            size = next(s for s in self.token_sizes if s >= T)
+            # padding rows write into a free block: nobody reads it before it is allocated and written again
+            key, pad, num_tiles = ("mixed", size), (size - T, free[-1]), self.cache.num_tiles(size, self.max_batch)
         self.cache.wait_compressed()  # the side stream's compression: waited for outside the graph
-        batch.decode_meta = self.cache.build_decode_meta(batch, self.meta)
-        self.tokens[:B].copy_(torch.tensor(tokens), non_blocking=True)
-        self.positions[:B].copy_(torch.tensor(positions), non_blocking=True)
-        if B not in self.graphs:
-            self.graphs[B] = self._capture(B, batch) if self.capture else None
-        if self.graphs[B] is None:
-            return self.model(self.tokens[:B], self.positions[:B], self.cache, batch)
-        graph, hidden = self.graphs[B]
-        graph.replay()
+        batch.decode_meta = self.cache.build_decode_meta(batch, self.meta, pad, num_tiles)
+        self.tokens[:T].copy_(torch.tensor(tokens), non_blocking=True)
+        self.positions[:T].copy_(torch.tensor(positions), non_blocking=True)
+        if size > T:
+            self.tokens[T:size].zero_()
+            self.positions[T:size].zero_()
+            if self.routed_ones is not None:
+                self.routed_ones[T * self.top_k:size * self.top_k].zero_()
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(size, batch) if self.capture else None
+        if self.graphs[key] is None:
+            hidden = self.model(self.tokens[:size], self.positions[:size], self.cache, batch)
+        else:
+            graph, hidden = self.graphs[key]
+            graph.replay()
+        if size > T and self.routed_ones is not None:
+            self.routed_ones[T * self.top_k:size * self.top_k].fill_(1)
         return hidden
 
     def capture_all(self) -> float:
-        """Capture every batch size up to `max_batch` now, as vLLM does at start-up, so that no request waits
-        for a capture (the server does this; offline use captures on first use). Throwaway sequences of one
-        token drive the captures and are freed. Returns the seconds taken."""
+        """Capture every size now, as vLLM does at start-up, so that no request waits for a capture (the server
+        does this; offline use captures on first use). Throwaway sequences drive the captures and are freed:
+        B sequences of one token for decode sizes, one sequence of T tokens for mixed sizes. Returns the
+        seconds taken."""
         start = time.perf_counter()
         cache = self.cache
         # a sequence holds a block (and a window slot): batches larger than the cache can hold never run
         largest = min(self.max_batch, cache.allocator.num_free)
         if cache.windowed:
             largest = min(largest, len(cache.free_slots))
-        for B in range(largest, 0, -1):  # largest first: the smaller graphs reuse its pool's memory
-            seqs = [SeqKV() for _ in range(B)]
+        drives = [[1] * B for B in range(largest, 0, -1)]  # largest first: the smaller graphs reuse its pool's memory
+        drives = [[T] for T in reversed(self.token_sizes) if cache.allocator.num_free > -(-T // cache.block_size)] + drives
+        for query_lens in drives:
+            seqs = [SeqKV() for _ in query_lens]
             try:
-                for seq in seqs:
-                    cache.allocate(seq, 1)
-                self.run([0] * B, [0] * B, AttentionBatch(seqs, [1] * B))
+                for seq, n in zip(seqs, query_lens):
+                    cache.allocate(seq, n)
+                T = sum(query_lens)
+                self.run([0] * T, list(range(query_lens[0])) if T > len(seqs) else [0] * T,
+                         AttentionBatch(seqs, query_lens))
             finally:
                 for seq in seqs:
                     cache.free(seq)
@@ -78,11 +121,11 @@ class DecodeGraphs:
             torch.cuda.synchronize(cache.device)
         return time.perf_counter() - start
 
-    def _capture(self, B: int, batch: AttentionBatch) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """Capture the forward of B sequences. It runs once eagerly first, on a side stream as PyTorch's
+    def _capture(self, size: int, batch: AttentionBatch) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """Capture the forward of `size` rows. It runs once eagerly first, on a side stream as PyTorch's
         recipe asks (Triton compiles its kernels there): that run writes this step's keys and values,
         and the replay that follows writes the same ones again."""
-        args = (self.tokens[:B], self.positions[:B], self.cache, batch)
+        args = (self.tokens[:size], self.positions[:size], self.cache, batch)
         with torch.cuda.device(self.cache.device):
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from backend.cuda_graphs import DecodeGraphs
+from backend.cuda_graphs import StepGraphs
 from backend.kv_cache import AttentionBatch, PagedKVCache, SeqKV
 from backend.kv_formats import FORMATS
 from backend.kv_presets import PRESETS, resolve_kv
@@ -73,7 +73,10 @@ class EngineArgs:
     attention_backend: str = "auto"    # "auto": Triton decode kernels on CUDA; "torch": reference path
     kv_compress_stream: bool = False   # CUDA: compress the blocks decode steps fill on a side stream (no
                                        # gain measured: the basis solve synchronises; BENCHMARKS.md 2b)
-    enforce_eager: bool = False        # CUDA: no CUDA graphs for decode steps (backend/cuda_graphs.py)
+    enforce_eager: bool = False        # CUDA: no CUDA graphs (backend/cuda_graphs.py)
+    cuda_graph_max_tokens: int = 256   # CUDA: steps with prompt chunks of up to this many tokens replay graphs
+                                       # too (fp16/full KV), and prompt chunks beside running decodes are cut to
+                                       # fit, so no stream waits for an eager step; 0: decode steps only
     seed: int = 0
     expert_budget_bytes: int | None = None  # device bytes for routed experts, streamed from host; None: all resident
     expert_prefetch: int = 1           # MoE layers ahead whose experts are prefetched (pre-gating); 0: on demand only
@@ -168,8 +171,9 @@ class LLMEngine:
                                   self.model.embed_tokens.weight.dtype, a.device, a.attention_backend,
                                   a.kv_compress_stream)
         self.graphs = None  # graphs hold the old cache's tensors: captured anew for this one
-        if not a.enforce_eager and DecodeGraphs.supported(self.model, self.cache):
-            self.graphs = DecodeGraphs(self.model, self.cache, max_num_seqs, self.max_model_len)
+        if not a.enforce_eager and StepGraphs.supported(self.model, self.cache):
+            self.graphs = StepGraphs(self.model, self.cache, max_num_seqs, self.max_model_len,
+                                     min(a.cuda_graph_max_tokens, a.max_num_batched_tokens))
 
     # ---- requests -----------------------------------------------------------------------
     def tokenize(self, prompt) -> list[int]:
@@ -269,8 +273,10 @@ class LLMEngine:
                 self.cache.allocate(seq.kv, 1)
                 scheduled.append((seq, 1))
         budget = self.args.max_num_batched_tokens - len(scheduled)
+        if scheduled and self.graphs is not None and self.graphs.max_tokens:  # beside decodes: a step a graph holds
+            budget = max(0, min(budget, self.graphs.max_tokens - len(scheduled)))
         if self.step_cost is not None:
-            budget = self.step_cost.prefill_budget(len(scheduled), self.args.max_num_batched_tokens)
+            budget = min(budget, self.step_cost.prefill_budget(len(scheduled), self.args.max_num_batched_tokens))
         self.waiting = self._order(self.waiting)
         candidates = [s for s in self.running if s.num_pending > 1] + self.waiting
         if self.step_cost is not None:  # shortest prompt first: a chat's few tokens never queue behind a document

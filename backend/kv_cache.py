@@ -47,7 +47,9 @@ class AttentionBatch:
     """The sequences of one forward step, in the order of their tokens in the flat batch."""
     seqs: list[SeqKV]
     query_lens: list[int]
-    decode_meta: dict | None = None  # tensors of a decode-only step, built once for all layers
+    # tensors of a step whose query rows attend all at once (a decode step, or any step of a CUDA graph),
+    # built once for all layers (`build_decode_meta`)
+    decode_meta: dict | None = None
 
 
 class BlockAllocator:
@@ -116,6 +118,7 @@ class PagedKVCache:
         if attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be auto, torch or triton, not {attention_backend!r}")
         self.decode_kernel = None
+        self.tiles_kernel = None  # a step's prompt chunks and decodes in one launch (page-addressed formats)
         self.compress = self._encode_blocks  # a windowed format's full blocks -> their compressed form
         self.compress_stream = None  # side CUDA stream for the blocks decode steps fill (None: inline)
         self._filled = []            # blocks this decode step filled, compressed at commit
@@ -128,7 +131,7 @@ class PagedKVCache:
                 logger.warning("sink_tokens=%d: the decode kernels do not read the sink, so decode steps take "
                                "the PyTorch path", self.sink_tokens)
             elif self.kernels is not None:
-                self.decode_kernel = self.kernels.decode
+                self.decode_kernel, self.tiles_kernel = self.kernels.decode, self.kernels.tiles
                 if self.kernels.compress is not None:
                     self.compress = self._compress_kernel
                     if compress_stream:  # blocks filled by decode steps: compressed behind the attention
@@ -275,7 +278,8 @@ class PagedKVCache:
         Decode-only steps attend for all sequences at once (page-addressed formats; windowed ones when
         a decode kernel reads them); prefill chunks and the rest go sequence by sequence."""
         k_store = k if self.rope_on_read else k_rot  # what the format keeps
-        if all(n == 1 for n in batch.query_lens) and (not self.windowed or self.decode_kernel is not None):
+        decode_only = all(n == 1 for n in batch.query_lens)
+        if batch.decode_meta is not None or (decode_only and (not self.windowed or self.decode_kernel is not None)):
             return self._attend_decode(layer, q, k_store, k_rot, v, batch)
         out = torch.empty_like(q)
         start = 0
@@ -302,22 +306,49 @@ class PagedKVCache:
             start += n
         return out
 
-    def build_decode_meta(self, batch: AttentionBatch, static: dict | None = None) -> dict:
-        """Block tables and positions of a decode step, built once and shared by every layer. `static`:
-        device buffers of `decode_buffers` to copy them into (a CUDA graph reads the same memory every step)."""
+    def tiles_supported(self) -> bool:
+        """Whether steps with prompt chunks can attend through `build_decode_meta`'s rows: page-addressed
+        formats (the step's keys are written before attention) with the tiles kernel."""
+        return not self.windowed and self.tiles_kernel is not None
+
+    def num_tiles(self, rows: int, num_seqs: int) -> int:
+        """The most query tiles a step of `rows` rows over at most `num_seqs` sequences (and padding) needs."""
+        from kernels.paged_attention import tile_tokens
+        return rows // tile_tokens(self.cfg.num_heads // self.cfg.num_kv_heads) + num_seqs + 2
+
+    def build_decode_meta(self, batch: AttentionBatch, static: dict | None = None, pad: tuple[int, int] = (0, 0),
+                          num_tiles: int = 0) -> dict:
+        """Per query row (a decode's token, or each token of a prompt chunk), built once and shared by every
+        layer: the block and offset it writes, its sequence's block table and the tokens it sees; with
+        `num_tiles`, the rows' tiles (`tiles_kernel`; unused ones have count 0). `static`: device buffers of
+        `decode_buffers` to copy them into (a CUDA graph reads the same memory every step). `pad`: (rows,
+        block): that many more rows, which write into and read that scratch block only (a graph's fixed size)."""
         dev, bs = self.device, self.block_size
-        pos = torch.tensor([s.num_tokens for s in batch.seqs])
+        pad_rows, pad_block = pad
+        query_lens = list(batch.query_lens) + ([pad_rows] if pad_rows else [])
+        first = [s.num_tokens for s in batch.seqs] + [0]
+        pos = torch.cat([torch.arange(p, p + n) for p, n in zip(first, query_lens)])
+        seq_of_row = torch.repeat_interleave(torch.arange(len(query_lens)), torch.tensor(query_lens))
         width = max(len(s.block_table) for s in batch.seqs)
-        tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in batch.seqs],
-                              dtype=torch.int32)
+        tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in batch.seqs]
+                              + [[pad_block] * width], dtype=torch.int32)[seq_of_row]
+        if pad_rows:  # every padding row writes and reads the scratch block's first token
+            pos[-pad_rows:] = 0
         host = {"block_ids": tables[torch.arange(len(pos)), pos // bs].long(), "offsets": pos % bs,
                 "tables": tables, "seq_lens": (pos + 1).to(torch.int32),
                 "window_slots": torch.tensor([s.window_slot or 0 for s in batch.seqs], dtype=torch.int32)}
         host["window_rows"] = host["window_slots"].long()
+        if num_tiles:
+            from kernels.paged_attention import query_tiles
+            starts, counts = query_tiles(query_lens, self.cfg.num_heads // self.cfg.num_kv_heads)
+            assert len(starts) <= num_tiles, (len(starts), num_tiles)
+            unused = [0] * (num_tiles - len(starts))
+            host["tile_starts"] = torch.tensor(starts + unused, dtype=torch.int32)
+            host["tile_counts"] = torch.tensor(counts + unused, dtype=torch.int32)
         if static is None:
             meta = {k: v.to(dev) for k, v in host.items()}
         else:  # the rows of this batch; table columns past its widest sequence are never read
-            meta = {k: static[k][:len(pos)] for k in host}
+            meta = {k: static[k][:len(v)] for k, v in host.items()}
             for k, v in host.items():
                 (meta[k][:, :width] if k == "tables" else meta[k]).copy_(v, non_blocking=True)
         meta["window_index"] = (meta["window_rows"], meta["offsets"])
@@ -326,13 +357,15 @@ class PagedKVCache:
             meta["mask"] = (torch.arange(width * bs) <= pos[:, None]).view(len(pos), 1, 1, -1).to(dev)
         return meta
 
-    def decode_buffers(self, max_batch: int, max_len: int) -> dict:
-        """Static device buffers for `build_decode_meta` of up to `max_batch` sequences of up to `max_len` tokens."""
+    def decode_buffers(self, max_rows: int, max_len: int, max_tiles: int = 0) -> dict:
+        """Static device buffers for `build_decode_meta` of up to `max_rows` query rows (and sequences) of up to
+        `max_len` tokens, in up to `max_tiles` tiles."""
         z = lambda *shape, dtype=torch.long: torch.zeros(shape, dtype=dtype, device=self.device)  # noqa: E731
-        return {"block_ids": z(max_batch), "offsets": z(max_batch),
-                "tables": z(max_batch, -(-max_len // self.block_size), dtype=torch.int32),
-                "seq_lens": z(max_batch, dtype=torch.int32), "window_slots": z(max_batch, dtype=torch.int32),
-                "window_rows": z(max_batch)}
+        return {"block_ids": z(max_rows), "offsets": z(max_rows),
+                "tables": z(max_rows, -(-max_len // self.block_size), dtype=torch.int32),
+                "seq_lens": z(max_rows, dtype=torch.int32), "window_slots": z(max_rows, dtype=torch.int32),
+                "window_rows": z(max_rows), "tile_starts": z(max_tiles, dtype=torch.int32),
+                "tile_counts": z(max_tiles, dtype=torch.int32)}
 
     def _attend_decode(self, layer, q, k_store, k_rot, v, batch: AttentionBatch) -> torch.Tensor:
         """One new token per sequence: write all of them at once, then attend over the paged cache
@@ -349,6 +382,10 @@ class PagedKVCache:
             return self.decode_kernel(q, self.kernel_layers[layer], self.window_k[layer], self.window_v[layer],
                                       meta["tables"], meta["seq_lens"], meta["window_slots"], *rope, scale)
         self.format.write(layer, meta["block_ids"], meta["offsets"], k_rot, v)
+        if self.tiles_kernel is not None and "tile_starts" in meta:  # a step with prompt chunks: causal rows
+            k_cache, v_cache = self.kernel_layers[layer]
+            return self.tiles_kernel(q, k_cache, v_cache, meta["tables"], meta["seq_lens"], meta["tile_starts"],
+                                     meta["tile_counts"], scale)
         if self.decode_kernel is not None:
             k_cache, v_cache = self.kernel_layers[layer]
             return self.decode_kernel(q, k_cache, v_cache, meta["tables"], meta["seq_lens"], scale)

@@ -8,7 +8,7 @@ import argparse
 import json
 import statistics
 
-from backend.cuda_graphs import DecodeGraphs
+from backend.cuda_graphs import StepGraphs
 from benchmarks.bench_engine import ExpertCounter, dummy_engine, run_decode
 
 
@@ -27,7 +27,7 @@ def main():
     graphs = {}
     for arm in ("count", "none"):
         use(arm)
-        graphs[arm] = DecodeGraphs(engine.model, engine.cache, 8, engine.max_model_len)
+        graphs[arm] = StepGraphs(engine.model, engine.cache, 8, engine.max_model_len)
         graphs[arm].capture_all()
     rows = []
     for batch in (1, 8):

@@ -14,7 +14,9 @@ Layout (docs/CONTRACTS.md), per layer:
     returns           [B, num_q_heads, head_dim] in q's dtype
 Query head i reads kv head i // (num_q_heads // num_kv_heads), as in HF `repeat_kv`.
 
-Public: `paged_decode_attention` (the dispatcher) and `paged_decode_attention_ref` (PyTorch).
+Public: `paged_decode_attention` (the dispatcher) and `paged_decode_attention_ref` (PyTorch);
+`paged_tiles_attention` takes a whole step's query rows (prompt chunks and decodes) in tiles of one
+sequence's consecutive tokens (`query_tiles`), so a mixed step runs in one CUDA graph.
 Nothing runs at import. Structure after vLLM's `triton_decode_attention.py` (stage1/stage2),
 written anew for this layout: all heads of a group share each K/V tile (tl.dot), splits are whole
 tiles, offsets are int64, exp2 with the scale folded into q.
@@ -403,6 +405,157 @@ def paged_decode_attention(
     mid_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
     out = torch.empty(batch, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
     _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o, mid_lse)
+    return decode_reduce(mid_o, mid_lse, out)
+
+
+# ----------------------------------------------------------------------------------------------
+# Query tiles: a step's prompt chunks and decode tokens in one launch (CUDA-graph mixed steps)
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _paged_tiles_stage1(
+    # Pointers to tensors
+    Q, K_cache, V_cache, Block_tables, Seq_lens, Tile_starts, Tile_counts, Mid_o, Mid_lse,
+    # Scalars
+    qk_scale, num_splits,
+    # Strides
+    stride_qb, stride_qh,
+    stride_kn, stride_kt, stride_kh,
+    stride_vn, stride_vt, stride_vh,
+    stride_btb,
+    stride_mob, stride_moh, stride_mos,
+    stride_mlb, stride_mlh,
+    # Meta-parameters
+    GROUP: tl.constexpr,
+    BLOCK_Q: tl.constexpr,  # query tokens per tile
+    BLOCK_M: tl.constexpr,  # BLOCK_Q x GROUP padded to a power of two: the rows of tl.dot, (token, head) pairs
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Grid (tiles, num_kv_heads, num_splits). A tile is up to BLOCK_Q consecutive query rows of one
+    sequence (a prompt chunk's tokens, or one decode token); row r attends to the first Seq_lens[r]
+    tokens of the block table of the tile's first row, so a chunk is causal. Each K/V tile is read once
+    for all of the tile's tokens and heads. Writes the partials of each row, as stage 1 of decode."""
+    pid_t = tl.program_id(0)
+    pid_kvh = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    count = tl.load(Tile_counts + pid_t)
+    if count == 0:  # a tile the step does not use (the grid is fixed for a CUDA graph)
+        return
+    row0 = tl.load(Tile_starts + pid_t).to(tl.int64)
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    token = offs_m // GROUP
+    mask_m = (token < count) & (offs_m < BLOCK_Q * GROUP)
+    mask_d = offs_d < HEAD_DIM
+    rows = row0 + token
+    heads = pid_kvh * GROUP + offs_m % GROUP
+    limit = tl.load(Seq_lens + rows, mask=mask_m, other=0)  # keys each row sees
+
+    # -- this split's keys: whole tiles of the tile's longest context
+    ctx = tl.max(limit, 0)
+    tiles_per_split = tl.cdiv(tl.cdiv(ctx, BLOCK_N), num_splits)
+    start = pid_s * tiles_per_split * BLOCK_N
+    end = tl.minimum(start + tiles_per_split * BLOCK_N, ctx)
+
+    q = tl.load(Q + rows[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+    q = q.to(K_cache.dtype.element_ty).to(DOT_DTYPE)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    bt_row = Block_tables + row0 * stride_btb
+    k_head = K_cache + pid_kvh.to(tl.int64) * stride_kh
+    v_head = V_cache + pid_kvh.to(tl.int64) * stride_vh
+    for start_n in range(start, end, BLOCK_N):
+        tok = start_n + offs_n
+        mask_n = tok < end
+        block = tl.load(bt_row + tok // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+        slot = tok % PAGE_SIZE
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_head + (block * stride_kn + slot * stride_kt)[:, None] + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        v = tl.load(v_head + (block * stride_vn + slot * stride_vt)[:, None] + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * qk_scale
+        # causal: a row sees only its own context; a row may see nothing of this tile (its max stays -inf)
+        s = tl.where(mask_n[None, :] & (tok[None, :] < limit[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype).to(DOT_DTYPE), v.to(DOT_DTYPE),
+                                            input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    nonempty = l_i > 0
+    l_safe = tl.where(nonempty, l_i, 1.0)
+    lse = tl.where(nonempty, m_i + tl.log2(l_safe), float("-inf"))
+    tl.store(Mid_o + rows[:, None] * stride_mob + heads[:, None] * stride_moh + pid_s * stride_mos + offs_d[None, :],
+             acc / l_safe[:, None], mask=mask_m[:, None] & mask_d[None, :])
+    tl.store(Mid_lse + rows * stride_mlb + heads * stride_mlh + pid_s, lse, mask=mask_m)
+
+
+TILE_ROWS = 64  # (token, head) rows of a query tile: BLOCK_Q = TILE_ROWS // group tokens
+
+
+def tile_tokens(group: int) -> int:
+    """Query tokens per tile for GQA groups of `group` heads (what `paged_tiles_attention`'s tiles may hold)."""
+    return max(1, TILE_ROWS // group)
+
+
+def query_tiles(query_lens: list[int], group: int) -> tuple[list[int], list[int]]:
+    """The tiles of a step whose sequences bring `query_lens` consecutive query rows each: (starts, counts)."""
+    block_q, starts, counts, row = tile_tokens(group), [], [], 0
+    for n in query_lens:
+        for first in range(0, n, block_q):
+            starts.append(row + first)
+            counts.append(min(block_q, n - first))
+        row += n
+    return starts, counts
+
+
+def paged_tiles_attention(q, k_cache, v_cache, block_tables, seq_lens, tile_starts, tile_counts, scale: float,
+                          num_splits: int | None = None) -> torch.Tensor:
+    """Attention of the query rows `q [T, Hq, D]` of a step, each row r over the first `seq_lens[r]` tokens of
+    its sequence's paged cache (`block_tables [T, W]`, a row per query row), grouped in tiles: tile i is
+    rows tile_starts[i] .. + tile_counts[i] (at most `tile_tokens(group)`, consecutive rows of one sequence;
+    count 0: unused). Every row must be in a tile. The result equals `paged_decode_attention` of the same
+    rows; a tile reads each K/V tile once for all its tokens. Shapes only, no host sync: graph-safe."""
+    T, num_q_heads, head_dim = q.shape
+    _, page_size, num_kv_heads, _ = k_cache.shape
+    check_decode_inputs(q, block_tables, seq_lens, num_kv_heads, head_dim)
+    assert tile_starts.shape == tile_counts.shape and tile_starts.dtype == tile_counts.dtype == torch.int32
+    group = num_q_heads // num_kv_heads
+    block_q = tile_tokens(group)
+    num_tiles = tile_starts.shape[0]
+    if num_splits is None:
+        num_splits = default_num_splits(num_tiles, num_kv_heads, block_tables.shape[1] * page_size, q.device)
+    mid_o = torch.empty(T, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(T, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
+    out = torch.empty(T, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
+    _paged_tiles_stage1[(num_tiles, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, tile_starts, tile_counts, mid_o, mid_lse,
+        scale * LOG2E, num_splits,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0),
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        mid_lse.stride(0), mid_lse.stride(1),
+        GROUP=group, BLOCK_Q=block_q, BLOCK_M=max(16, triton.next_power_of_2(block_q * group)),
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE_SIZE=page_size, BLOCK_N=32,
+        DOT_DTYPE=dot_dtype(k_cache.dtype, q.device),
+        DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2,
+    )
     return decode_reduce(mid_o, mid_lse, out)
 
 

@@ -20,6 +20,9 @@ class FormatKernels(NamedTuple):
                                  # formats, a view object (kernels.*_attention.*Layer) for windowed ones
     compress: Callable | None = None  # windowed formats: full blocks into the storage (the contract of
                                       # ALRKVDFormat.encode_with_kernel); None: the format's encode
+    tiles: Callable | None = None     # attention of a step's query rows in tiles, prompt chunks and decodes
+                                      # together (kernels.paged_attention.paged_tiles_attention); None: mixed
+                                      # steps attend sequence by sequence, outside CUDA graphs
 
 
 class KVFormat:

@@ -34,9 +34,9 @@ class FullFormat(KVFormat):
                 self.v_cache[layer, b].reshape(-1, H, D).to(self.dtype))
 
     def kernels(self, max_num_seqs):
-        from kernels.paged_attention import paged_decode_attention
+        from kernels.paged_attention import paged_decode_attention, paged_tiles_attention
         layers = [(self.k_cache[i], self.v_cache[i]) for i in range(self.num_layers)]
-        return FormatKernels(paged_decode_attention, layers)
+        return FormatKernels(paged_decode_attention, layers, tiles=paged_tiles_attention)
 
 
 class FP16Format(FullFormat):

@@ -1,5 +1,6 @@
-"""Decode steps as CUDA graphs (backend/cuda_graphs.py) give the tokens of eager decode steps, for every
-format with a decode kernel, while the batch shrinks and decodes fill blocks. On CUDA the graphs are
+"""Steps as CUDA graphs (backend/cuda_graphs.py) give the tokens of eager steps: decode steps for every
+format with a decode kernel, while the batch shrinks and decodes fill blocks; steps that carry prompt chunks
+beside decodes (fp16), padded to the graph's size. On CUDA the graphs are
 captured and replayed; on CPU the kernels' PyTorch references stand in for the kernels and the graph
 runner drives the same static buffers without capturing (everything but the capture itself)."""
 from kernels.testing import use_interpreter_without_gpu
@@ -11,7 +12,7 @@ import json  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from backend.cuda_graphs import DecodeGraphs  # noqa: E402
+from backend.cuda_graphs import StepGraphs  # noqa: E402
 from backend.engine import EngineArgs, LLMEngine  # noqa: E402
 from backend.sampling import SamplingParams  # noqa: E402
 from kernels.alrkvd_attention import alrkvd_decode_attention_ref, kernel_options  # noqa: E402
@@ -29,6 +30,11 @@ REFERENCES = {"fp16": paged_decode_attention_ref, "alrkvd": alrkvd_decode_attent
               "kivi4": kivi_decode_attention_ref}
 
 
+def tiles_ref(q, k_cache, v_cache, tables, seq_lens, tile_starts, tile_counts, scale):
+    """`paged_tiles_attention`'s contract: each row as a decode row (tests/kernels checks the kernel against it)."""
+    return paged_decode_attention_ref(q, k_cache, v_cache, tables, seq_lens, scale)
+
+
 def engine_for(tmp_path, shape: dict, kv_format: str) -> LLMEngine:
     (tmp_path / "config.json").write_text(json.dumps(shape))
     options = kernel_options(64, block_size=32) if kv_format == "alrkvd" else {}
@@ -37,6 +43,8 @@ def engine_for(tmp_path, shape: dict, kv_format: str) -> LLMEngine:
                                   enforce_eager=True))
     if DEVICE == "cpu":
         engine.cache.decode_kernel = REFERENCES[kv_format]
+        if kv_format == "fp16":
+            engine.cache.tiles_kernel = tiles_ref
     assert engine.graphs is None and engine.cache.decode_kernel is not None
     return engine
 
@@ -62,14 +70,14 @@ def test_graphs_give_the_eager_tokens(tmp_path, shape, kv_format):
     engine.reset_routing_counts()
     expected = generate()
     eager_counts = engine.routing_counts()  # tokens routed to each expert (MoE; None for llama)
-    engine.graphs = DecodeGraphs(engine.model, engine.cache, 4, engine.max_model_len, capture=DEVICE == "cuda")
+    engine.graphs = StepGraphs(engine.model, engine.cache, 4, engine.max_model_len, capture=DEVICE == "cuda")
     assert generate() == expected
-    assert sorted(engine.graphs.graphs) == [1, 2, 3]  # captured on first use
+    assert sorted(engine.graphs.graphs) == [("decode", b) for b in (1, 2, 3)]  # captured on first use
     assert all((g is not None) == (DEVICE == "cuda") for g in engine.graphs.graphs.values())
     # captured up front (the server's start-up), with throwaway sequences that leave nothing behind
-    engine.graphs = DecodeGraphs(engine.model, engine.cache, 4, engine.max_model_len, capture=DEVICE == "cuda")
+    engine.graphs = StepGraphs(engine.model, engine.cache, 4, engine.max_model_len, capture=DEVICE == "cuda")
     engine.graphs.capture_all()
-    assert sorted(engine.graphs.graphs) == [1, 2, 3, 4]
+    assert sorted(engine.graphs.graphs) == [("decode", b) for b in (1, 2, 3, 4)]
     assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
     engine.reset_routing_counts()
     assert generate() == expected
@@ -82,7 +90,43 @@ def test_capture_all_stops_at_what_the_cache_holds(tmp_path):
     """Start-up capture with fewer free blocks than `max_num_seqs`: the sizes that fit, and no error."""
     engine = engine_for(tmp_path, LLAMA, "fp16")
     held = engine.cache.allocator.allocate(engine.cache.allocator.num_free - 2)  # two blocks left
-    graphs = DecodeGraphs(engine.model, engine.cache, 4, engine.max_model_len, capture=DEVICE == "cuda")
+    graphs = StepGraphs(engine.model, engine.cache, 4, engine.max_model_len, capture=DEVICE == "cuda")
     graphs.capture_all()
-    assert sorted(graphs.graphs) == [1, 2]
+    assert sorted(graphs.graphs) == [("decode", 1), ("decode", 2)]
     engine.cache.allocator.free(held)
+
+
+@pytest.mark.parametrize("shape", [LLAMA, QWEN3_MOE], ids=["llama", "qwen3_moe"])
+def test_mixed_steps_give_the_eager_tokens(tmp_path, shape):
+    """Prompts that arrive while others decode: their chunks, cut to fit a graph beside the decodes, run in
+    padded mixed-step graphs and give the eager engine's tokens and routed-token counts (padding not counted)."""
+    engine = engine_for(tmp_path, shape, "fp16")
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (5, 70, 23, 41)]
+
+    def generate():
+        params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+        rids, done, plans = [engine.add_request(None, params, prompt_ids=prompts[0])], {}, []
+        for step in range(200):
+            if step in (2, 3, 5):  # newcomers while the first decodes
+                rids.append(engine.add_request(None, params, prompt_ids=prompts[len(rids)]))
+            done |= {o.request_id: o.token_ids for o in engine.step() if o.finished}
+            plans.append(sorted(n for _, n in engine.plan))
+            if not engine.has_unfinished():
+                return [done[r] for r in rids], plans
+
+    engine.reset_routing_counts()
+    expected, eager_plans = generate()
+    eager_counts = engine.routing_counts()
+    engine.graphs = StepGraphs(engine.model, engine.cache, 4, engine.max_model_len, max_tokens=32,
+                               capture=DEVICE == "cuda")
+    engine.reset_routing_counts()
+    tokens, plans = generate()
+    assert tokens == expected
+    mixed = [p for p in plans if len(p) > 1 and max(p) > 1]
+    assert mixed and all(sum(p) <= 32 for p in mixed)  # prompt chunks beside decodes, cut to the graph's size
+    assert any(sum(p) > 32 for p in eager_plans if len(p) > 1)  # eager, the same chunks are not cut
+    assert any(k[0] == "mixed" and k[1] > 16 for k in engine.graphs.graphs)  # padded to 32
+    if eager_counts is not None:
+        assert torch.equal(engine.routing_counts(), eager_counts)
+    assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks

@@ -12,7 +12,8 @@ DEVICE = use_interpreter_without_gpu()
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from kernels.paged_attention import paged_decode_attention, paged_decode_attention_ref, wave_num_splits  # noqa: E402
+from kernels.paged_attention import (paged_decode_attention, paged_decode_attention_ref, paged_tiles_attention,  # noqa: E402
+                                     query_tiles, wave_num_splits)
 
 TOL = {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.5e-2, 1.6e-2), torch.float32: (1e-4, 1e-4)}
 
@@ -118,3 +119,29 @@ def test_wave_num_splits_fills_whole_waves():
     # 7 splits, whose wave holds the windows too; at L=32k a split fewer costs more than the windows' wait
     assert wave_num_splits(64, 31, 528, 31, 2.5) == 7
     assert wave_num_splits(64, 255, 528, 64, 2.5) == 8
+
+
+@pytest.mark.parametrize("group,dtype,num_splits", [(3, torch.float16, 3), (8, torch.bfloat16, 1), (4, torch.float32, 2)])
+def test_query_tiles_equal_decode_rows(group, dtype, num_splits):
+    """A step of prompt chunks and decodes in tiles (`paged_tiles_attention`) gives what the decode kernel's
+    reference gives for the same query rows: each row over its own causal context. Chunks longer than a
+    tile, a chunk starting mid-block, single decode tokens, and unused tiles at the end."""
+    gen = torch.Generator().manual_seed(group)
+    block_size, num_kv_heads, head_dim = 16, 2, 64
+    lens, chunks = [70, 5, 150, 1, 33], [70, 1, 40, 1, 20]  # each sequence's cached tokens after the step, its rows
+    num_blocks = sum(-(-n // block_size) for n in lens) + 2
+    k_cache = random_kv((num_blocks, block_size, num_kv_heads, head_dim), dtype, gen)
+    v_cache = random_kv((num_blocks, block_size, num_kv_heads, head_dim), dtype, gen, channel_outliers=0)
+    seq_tables = make_block_tables(lens, block_size, num_blocks, gen)
+    rows = [(i, pos) for i, (n, c) in enumerate(zip(lens, chunks)) for pos in range(n - c, n)]
+    tables = seq_tables[[i for i, _ in rows]]
+    seq_lens = torch.tensor([pos + 1 for _, pos in rows], dtype=torch.int32)
+    q = random_kv((len(rows), num_kv_heads * group, head_dim), dtype, gen)
+    starts, counts = query_tiles(chunks, group)
+    starts, counts = starts + [0, 0], counts + [0, 0]
+    args = [t.to(DEVICE) for t in (q, k_cache, v_cache, tables, seq_lens)]
+    tiles = [torch.tensor(x, dtype=torch.int32, device=DEVICE) for x in (starts, counts)]
+    scale = head_dim ** -0.5
+    out = paged_tiles_attention(*args, *tiles, scale, num_splits=num_splits)
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(out.float(), paged_decode_attention_ref(*args, scale).float(), atol=atol, rtol=rtol)
