@@ -18,6 +18,7 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -315,6 +316,61 @@ def run_decode(engine: LLMEngine, counter: ExpertCounter, batch: int, context: i
             "unique_experts_per_step": unique, **streaming}
 
 
+def bench_gpu_mixed(name: str, batches, contexts, step_tokens: int, steps: int) -> list[dict]:
+    """Steps that carry a prompt chunk beside running decodes (dummy weights, fp16 KV): `batch` sequences
+    decode at about `context` cached tokens while another brings a chunk of `step_tokens - batch` prompt
+    tokens after its own `context` cached ones (synthetic KV: a long prompt's middle chunk). In turns, in one
+    engine: a decode-only step (graph), the mixed step as a CUDA graph (the tiles kernel) and eagerly (the
+    PyTorch path, sequence by sequence); medians of `steps` turns."""
+    engine = dummy_engine(name, "fp16", kv_budget_bytes=16 << 30, max_num_seqs=64, cuda_graph_max_tokens=step_tokens)
+    graphs = engine.graphs
+    cache = engine.cache
+    rows = []
+
+    def synthetic(prompt_len: int, cached: int, max_tokens: int) -> str:
+        rid = engine.add_request(None, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
+                                 prompt_ids=[1] * prompt_len)
+        seq = engine.requests[rid]
+        cache.allocate(seq.kv, cached)  # the KV "already computed": skip the prefill
+        seq.kv.num_tokens = cached
+        engine.waiting.remove(seq)
+        engine.running.append(seq)
+        return rid
+
+    def timed_step() -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        engine.step()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) * 1e3
+
+    for batch in batches:
+        for context in contexts:
+            chunk = step_tokens - batch
+            rids = [synthetic(context, context - 1, 3 * steps + 12) for _ in range(batch)]
+            ms = {"decode": [], "mixed_graph": [], "mixed_eager": []}
+            for turn in range(steps + 2):  # two warm-up turns (the first captures this size's graphs)
+                for mode in ms:
+                    engine.graphs = None if mode == "mixed_eager" else graphs
+                    newcomer = synthetic(context + chunk, context, 1) if mode != "decode" else None
+                    t = timed_step()
+                    assert sorted(n for _, n in engine.plan) == sorted([1] * batch + ([chunk] if newcomer else []))
+                    if newcomer is not None:
+                        engine.abort(newcomer)
+                    if turn >= 2:
+                        ms[mode].append(t)
+            engine.graphs = graphs
+            for r in rids:
+                engine.abort(r)
+            row = {"model": name, "batch": batch, "context": context, "chunk": chunk,
+                   **{f"{m}_ms": statistics.median(v) for m, v in ms.items()}, "all_ms": ms}
+            row["graph_speedup"] = row["mixed_eager_ms"] / row["mixed_graph_ms"]
+            row["mixed_over_decode"] = row["mixed_graph_ms"] / row["decode_ms"]
+            print(json.dumps({k: v for k, v in row.items() if k != "all_ms"}), flush=True)
+            rows.append(row)
+    return rows
+
+
 def bench_gpu_prefill(name: str, contexts, kv_formats) -> list[dict]:
     """Time to first token of one prompt of each length through the engine (chunked prefill of 8192
     tokens: attention, MoE, and for `alrkvd` the compression of every full block), per KV format."""
@@ -362,6 +418,8 @@ def main():
     ap.add_argument("--tokens-formats", default="alrkvd", help="formats of --gpu-alrkvd-tokens, e.g. alrkvd,kivi4")
     ap.add_argument("--modes", default="graphs", help="--gpu: graphs,eager compares CUDA-graph and eager decode steps")
     ap.add_argument("--gpu-prefill", action="store_true", help="time to first token of long prompts per KV format")
+    ap.add_argument("--gpu-mixed", type=int, metavar="TOKENS",
+                    help="steps of TOKENS tokens, a prompt chunk beside the decodes: CUDA graph against eager")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3, help="CPU: turns over the four systems (medians reported)")
     ap.add_argument("--models", default="qwen3-30b-a3b,mixtral-8x7b")
@@ -386,6 +444,10 @@ def main():
         result["device"] = torch.cuda.get_device_name()
         result["gpu_prefill"] = bench_gpu_prefill(args.models.split(",")[0], [int(c) for c in args.contexts.split(",")],
                                                   args.kv_formats.split(","))
+    if args.gpu_mixed:
+        result["device"] = torch.cuda.get_device_name()
+        result["gpu_mixed"] = bench_gpu_mixed(args.models.split(",")[0], [int(b) for b in args.batches.split(",")],
+                                              [int(c) for c in args.contexts.split(",")], args.gpu_mixed, args.steps)
     if args.gpu:
         result["device"] = torch.cuda.get_device_name()
         result["gpu"] = bench_gpu(args.models.split(","), [int(b) for b in args.batches.split(",")],
