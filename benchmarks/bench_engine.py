@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from backend.config import ModelConfig  # noqa: E402
 from backend.engine import EngineArgs, LLMEngine  # noqa: E402
+from backend.kv_cache import SeqKV  # noqa: E402
 from backend.model import MoE, Transformer  # noqa: E402
 from backend.sampling import SamplingParams  # noqa: E402
 from benchmarks.devices import copy_bandwidth  # noqa: E402
@@ -347,6 +348,9 @@ def bench_gpu_mixed(name: str, batches, contexts, step_tokens: int, steps: int) 
     for batch in batches:
         for context in contexts:
             chunk = step_tokens - batch
+            if cache.blocks_needed(SeqKV(), (batch + 1) * (context + chunk)) + batch + 1 > cache.allocator.num_free:
+                print(json.dumps({"batch": batch, "context": context, "skipped": "the KV cache is too small"}))
+                continue
             rids = [synthetic(context, context - 1, 3 * steps + 12) for _ in range(batch)]
             ms = {"decode": [], "mixed_graph": [], "mixed_eager": []}
             for turn in range(steps + 2):  # two warm-up turns (the first captures this size's graphs)

@@ -120,13 +120,14 @@ def test_mixed_steps_give_the_eager_tokens(tmp_path, shape):
     eager_counts = engine.routing_counts()
     engine.graphs = StepGraphs(engine.model, engine.cache, 4, engine.max_model_len, max_tokens=32,
                                capture=DEVICE == "cuda")
+    engine.graphs.capture_all()  # (a capture's warm-up run counts routed tokens: reset after it, as the server does)
+    assert sorted(engine.graphs.graphs) == [("decode", b) for b in (1, 2, 3, 4)] + [("mixed", 16), ("mixed", 32)]
     engine.reset_routing_counts()
     tokens, plans = generate()
     assert tokens == expected
     mixed = [p for p in plans if len(p) > 1 and max(p) > 1]
     assert mixed and all(sum(p) <= 32 for p in mixed)  # prompt chunks beside decodes, cut to the graph's size
     assert any(sum(p) > 32 for p in eager_plans if len(p) > 1)  # eager, the same chunks are not cut
-    assert any(k[0] == "mixed" and k[1] > 16 for k in engine.graphs.graphs)  # padded to 32
     if eager_counts is not None:
         assert torch.equal(engine.routing_counts(), eager_counts)
     assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
