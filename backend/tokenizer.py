@@ -250,8 +250,11 @@ class Tokenizer:
         special = {"bos_token": self.bos_token, "eos_token": self.eos_token,
                    "unk_token": self.unk_token, "pad_token": self.pad_token}
         special = {k: v for k, v in special.items() if v is not None}
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     **{**special, **kwargs})
+        try:
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                         **{**special, **kwargs})
+        except jinja2.exceptions.TemplateError as e:  # the template's raise_exception, or what its sandbox refuses
+            raise ValueError(f"the chat template refused these messages: {e}") from None
 
 
 class IncrementalDetokenizer:

@@ -208,10 +208,20 @@ def _bytes_tensor(items) -> np.ndarray:
     return np.array(items, dtype=np.object_)
 
 
+chat_json = st.one_of(  # the `messages` input: chats, and JSON that is no chat
+    st.builds(lambda m: json.dumps(m).encode(), st.lists(st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "user", "assistant", "", 7]),
+         "content": st.one_of(odd_text, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": odd_text}),
+                                                 max_size=2), st.none(), edge_ints)},
+        optional={"name": odd_text}), max_size=3)),
+    st.builds(lambda v: json.dumps(v).encode(), json_like), prompt_bytes)
+RIGHT = {"prompt": prompt_bytes, "json": sampling_json, "messages": chat_json}
+
+
 def tensor_for(kind: str):
     """A numpy array for one input: of the right type and shape, or any other."""
-    right = (st.builds(lambda b: _bytes_tensor([b]), prompt_bytes if kind == "prompt" else sampling_json)
-             if kind in ("prompt", "json") else st.booleans().map(lambda b: np.array([b], dtype=bool)))
+    right = (st.builds(lambda b: _bytes_tensor([b]), RIGHT[kind])
+             if kind in RIGHT else st.booleans().map(lambda b: np.array([b], dtype=bool)))
     wrong = st.one_of(
         st.builds(lambda xs: _bytes_tensor(xs), st.lists(prompt_bytes, max_size=3)),  # 0, 2, 3 elements
         st.builds(lambda x: _bytes_tensor([x]), st.one_of(odd_text, edge_ints, st.none(), st.booleans())),
@@ -225,7 +235,7 @@ def tensor_for(kind: str):
     return st.one_of(right, right, right, wrong)
 
 
-INPUT_KINDS = {"text_input": "prompt", "stream": "bool", "sampling_parameters": "json",
+INPUT_KINDS = {"text_input": "prompt", "messages": "messages", "stream": "bool", "sampling_parameters": "json",
                "exclude_input_in_output": "bool", "return_finish_reason": "bool",
                "return_num_input_tokens": "bool", "return_num_output_tokens": "bool"}
 inputs_dicts = st.fixed_dictionaries(  # None: the input is absent
@@ -256,8 +266,13 @@ def test_parse_inputs_parse_or_refuse(inputs, parameters, logits):
         assert e.code == "INVALID_ARG"
         assert_refusal(e)
         return
-    assert isinstance(r.prompt, str) and r.prompt
-    assert len(r.prompt.encode("utf-8")) <= rp.MAX_PROMPT_BYTES  # encodes: no lone surrogates
+    if isinstance(r.prompt, list):  # a chat: messages of string roles and contents, never repeated in the output
+        assert r.prompt and all(isinstance(m["role"], str) and m["role"] and isinstance(m["content"], str)
+                                for m in r.prompt) and not r.prepend_input
+        assert "text_input" not in inputs
+    else:
+        assert isinstance(r.prompt, str) and r.prompt and "messages" not in inputs
+        assert len(r.prompt.encode("utf-8")) <= rp.MAX_PROMPT_BYTES  # encodes: no lone surrogates
     assert isinstance(r.priority, int) and not isinstance(r.priority, bool) and -2**63 <= r.priority < 2**63
     assert isinstance(r.stream, bool) and isinstance(r.prepend_input, bool) and not (r.stream and r.prepend_input)
     assert set(r.additional) == set(rp.ADDITIONAL_OUTPUTS) and all(isinstance(v, bool) for v in r.additional.values())
@@ -275,6 +290,7 @@ def test_parse_inputs_parse_or_refuse(inputs, parameters, logits):
     ('{"max_tokens": "9' + "9" * 5000 + '"}', {}, "max_tokens"),
     ("", {"stream": [np.int32(1)]}, "must be BOOL"),
     ("", {"text_input": [7]}, "must be a string"),
+    ("", {"messages": [b'[{"role": "user", "content": "Hi"}]']}, "give one of"),
 ])
 def test_refusals_name_the_problem(parameters, inputs, named):
     """The cases the fuzzing found (INTERNAL errors before) and their bounded messages."""
@@ -297,3 +313,26 @@ def test_good_request_parses():
     assert (r.params.temperature, r.params.stop, r.params.max_tokens, r.params.ignore_eos) == (0.5, ["\n"], 3, True)
     assert r.additional == {"return_finish_reason": True, "return_num_input_tokens": False,
                             "return_num_output_tokens": False}
+
+
+@pytest.mark.parametrize("chat,named", [
+    (b"[]", "non-empty JSON array"), (b'{"role": "user"}', "non-empty JSON array"), (b"[1", "not valid JSON"),
+    (b'[{"content": "Hi"}]', "string 'role'"), (b'[{"role": "user", "content": 3}]', "'content'"),
+    (b'[{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]', "'content'"),
+    (b"[" + b'{"role": "user", "content": ""},' * 1100 + b'{"role": "user", "content": ""}]', "at most 1024"),
+])
+def test_chat_refusals_name_the_problem(chat, named):
+    with pytest.raises(rp.RequestError) as e:
+        rp.parse_inputs({"messages": _bytes_tensor([chat])}, "", SamplingParams, LIMITS)
+    assert e.value.code == "INVALID_ARG" and named in str(e.value)
+
+
+def test_chat_parses():
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "name": "ann", "extra": 1,
+                                                         "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}]
+    r = rp.parse_inputs({"messages": _bytes_tensor([json.dumps(chat).encode()])}, "", SamplingParams, LIMITS)
+    assert r.prompt == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there", "name": "ann"}]
+    assert not r.prepend_input and not r.stream
+    with pytest.raises(rp.RequestError, match="exclude_input_in_output"):
+        rp.parse_inputs({"messages": _bytes_tensor([json.dumps(chat).encode()]),
+                         "exclude_input_in_output": np.array([False])}, "", SamplingParams, LIMITS)

@@ -17,9 +17,11 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-# (name, data_type, dims, optional) -- the vLLM backend's generate inputs and outputs.
+# (name, data_type, dims, optional) -- the vLLM backend's generate inputs and outputs, and `messages`: a chat
+# (OpenAI's JSON list of {"role", "content"}) that the model's own chat template renders. One of the two is given.
 INPUTS = [
-    ("text_input", "TYPE_STRING", [1], False),
+    ("text_input", "TYPE_STRING", [1], True),
+    ("messages", "TYPE_STRING", [1], True),
     ("stream", "TYPE_BOOL", [1], True),
     ("sampling_parameters", "TYPE_STRING", [1], True),
     ("exclude_input_in_output", "TYPE_BOOL", [1], True),
@@ -47,6 +49,7 @@ TEST_FAULT_KEY = "test_fault"  # the engine's fault-injection hook, accepted onl
 MAX_PROMPT_BYTES = 1 << 20  # without the engine's limits (backend.sampling.MAX_PROMPT_BYTES)
 MAX_PARAMETERS_BYTES = 64 << 10  # the request's parameters, and the sampling_parameters input: JSON each
 MAX_ID_CHARS = 256
+MAX_MESSAGES = 1024
 MAX_PRIORITY = 1 << 31  # |priority| below this
 SHOWN_CHARS = 80  # of a refused value, in its error message
 
@@ -203,6 +206,40 @@ def _json_object(text, what: str) -> dict:
     return value
 
 
+def _content(value, where: str) -> str:
+    """A message's content: a string, or OpenAI's list of parts of which only text parts are taken here."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                       and isinstance(p.get("text"), str) for p in value):
+        return "".join(p["text"] for p in value)
+    raise invalid(f"{where}: 'content' must be a string or a list of {{\"type\": \"text\", \"text\": ...}} parts")
+
+
+def _messages(text: bytes) -> list[dict]:
+    """The `messages` input: a JSON array of chat messages -> [{"role", "content"[, "name"]}] of strings."""
+    try:
+        value = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise invalid(f"input 'messages' is not valid JSON: {e}") from None
+    except RecursionError:
+        raise invalid("input 'messages' is nested too deeply") from None
+    if not isinstance(value, list) or not value:
+        raise invalid("input 'messages' must be a non-empty JSON array of {\"role\": ..., \"content\": ...} objects")
+    if len(value) > MAX_MESSAGES:
+        raise invalid(f"input 'messages' has {len(value)} messages; at most {MAX_MESSAGES}")
+    messages = []
+    for i, m in enumerate(value):
+        where = f"input 'messages'[{i}]"
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"]:
+            raise invalid(f"{where} must be an object with a string 'role'")
+        message = {"role": m["role"], "content": _content(m.get("content"), where)}
+        if isinstance(m.get("name"), str):
+            message["name"] = m["name"]
+        messages.append(message)
+    return messages
+
+
 def _id_label(value) -> str | None:
     """The generate extension's request "id", as a label for the engine's request id."""
     if value is None:
@@ -214,7 +251,7 @@ def _id_label(value) -> str | None:
 class ParsedInputs:
     """What a generate request asks for, checked."""
 
-    prompt: str
+    prompt: str | list  # text, or chat messages (the engine renders them with the model's chat template)
     params: object  # backend.sampling.SamplingParams
     priority: int
     stream: bool
@@ -232,23 +269,28 @@ def parse_inputs(inputs: Mapping[str, np.ndarray], parameters: str, sampling_cls
 
     `limits`: the engine's `RequestLimits`, so a request is validated once, here. `triton_timeout_us`:
     Triton's request timeout. `allow_faults`: accept the `test_fault` key (the model's $ALRKVD_TEST_FAULTS)."""
-    text = _string_input(inputs, "text_input", limits.max_prompt_bytes if limits else MAX_PROMPT_BYTES)
-    if text is None:
-        raise invalid("input 'text_input' is required")
-    try:
-        prompt = text.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise invalid(f"input 'text_input' is not valid UTF-8: {e}") from None
-    if not prompt:
-        raise invalid("input 'text_input' is empty")
+    max_bytes = limits.max_prompt_bytes if limits else MAX_PROMPT_BYTES
+    text = _string_input(inputs, "text_input", max_bytes)
+    chat = _string_input(inputs, "messages", max_bytes)
+    if (text is None) == (chat is None):
+        raise invalid("give one of the inputs 'text_input' (a prompt) and 'messages' (a chat)")
+    if chat is not None:
+        prompt = _messages(chat)
+    else:
+        try:
+            prompt = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise invalid(f"input 'text_input' is not valid UTF-8: {e}") from None
+        if not prompt:
+            raise invalid("input 'text_input' is empty")
 
     stream = bool(_bool_input(inputs, "stream"))
     exclude = _bool_input(inputs, "exclude_input_in_output")
     # The vLLM backend's rule: non-streamed output repeats the prompt unless excluded;
-    # streamed output never does.
-    prepend_input = (not exclude) if exclude is not None else not stream
-    if stream and prepend_input:
-        raise invalid("when streaming, 'exclude_input_in_output' = false is not allowed")
+    # streamed output never does. A chat's answer never repeats the rendered chat.
+    prepend_input = (not exclude) if exclude is not None else not (stream or chat is not None)
+    if (stream or chat is not None) and prepend_input:
+        raise invalid("when streaming or with 'messages', 'exclude_input_in_output' = false is not allowed")
 
     if len(parameters or "") > MAX_PARAMETERS_BYTES:
         raise invalid(f"the request's parameters take {len(parameters)} characters of JSON; "
