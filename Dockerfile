@@ -25,7 +25,7 @@ COPY loadtest loadtest
 COPY model_repository model_repository
 RUN python3 -m pip install --no-deps -e .
 
-EXPOSE 8000 8001 8002
+EXPOSE 8000 8001 8002 9000
 HEALTHCHECK --interval=10s --timeout=5s --start-period=180s --retries=30 \
   CMD python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=4)"
 # 0.0.0.0 on purpose: the container's loopback is unreachable from outside it (`docker run -p` decides exposure)

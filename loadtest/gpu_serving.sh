@@ -19,7 +19,7 @@ step_time=${3:-30s}
 models=${4:-qwen3_30b qwen3_30b_eager}
 export PYTHONPATH=.
 for model in $models; do
-  python -m server.serve --model-repository reports/gpu_repository --models "$model" --host 127.0.0.1 \
+  python -m server.serve --model-repository reports/gpu_repository --models "$model" --host 127.0.0.1 --openai-port 0 \
     --http-port 8000 --grpc-port 8001 --metrics-port 8002 > "$out/server_$model.log" 2>&1 &
   server=$!
   python - "$model" <<'PY' || exit 1

@@ -46,6 +46,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL_REPOSITORY = REPO_ROOT / "model_repository"
 DEFAULT_HTTP_PORT, DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT = 8000, 8001, 8002
+DEFAULT_OPENAI_PORT = 9000
 STUB_NAME = "triton_python_backend_stub"
 DEFAULT_HOST = "127.0.0.1"
 # Triton APIs that read or change the server rather than serve a model: behind the admin key.
@@ -241,13 +242,13 @@ def _http_ok(url: str, timeout: float = 2.0) -> bool:
 
 
 def wait_until_ready(http_url: str, models: list[str], timeout: float,
-                     process: subprocess.Popen | None = None) -> None:
-    """Poll `/v2/health/ready` and each `/v2/models/<m>/ready` until all answer 200.
+                     process: subprocess.Popen | None = None, health_path: str = "/v2/health/ready") -> None:
+    """Poll `health_path` and each `/v2/models/<m>/ready` until all answer 200.
 
     `http_url` is "host:port". Raises LaunchError when the process exits first or on timeout.
     """
     deadline = time.monotonic() + timeout
-    pending = [f"http://{http_url}/v2/health/ready"] + [
+    pending = [f"http://{http_url}{health_path}"] + [
         f"http://{http_url}/v2/models/{m}/ready" for m in models]
     while pending:
         if process is not None and process.poll() is not None:
@@ -426,6 +427,33 @@ class TritonLauncher:
         print("  stop     Ctrl-C\n", file=file, flush=True)
 
 
+def start_openai_front(grpc_url: str, models: list[str], host: str, port: int,
+                       timeout: float = 60.0) -> subprocess.Popen:
+    """The OpenAI-compatible front (server/openai_front.py) for `models` as a child process talking to
+    `grpc_url`, ready (its /health answers)."""
+    proc = subprocess.Popen([sys.executable, "-m", "server.openai_front", "--triton-grpc", grpc_url,
+                             "--host", host, "--port", str(port), "--models", *models],
+                            cwd=REPO_ROOT, preexec_fn=_die_with_parent)
+    client_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    deadline = time.monotonic() + timeout
+    while not _http_ok(f"http://{client_host}:{port}/health"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_process(proc)
+            raise LaunchError(f"the OpenAI front did not start on port {port} (exit {proc.returncode})")
+        time.sleep(0.2)
+    return proc
+
+
+def stop_process(proc: subprocess.Popen | None, grace_s: float = 10.0) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class StubWatchdog:
     """Notices a model instance whose stub process is gone while the server still reports ready.
 
@@ -469,6 +497,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT)
     p.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT)
     p.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT)
+    p.add_argument("--openai-port", type=int, default=DEFAULT_OPENAI_PORT,
+                   help="port of the OpenAI-compatible API (/v1/chat/completions, ...; server/openai_front.py) "
+                        "in front of tritonserver; 0: none")
     p.add_argument("--gpu", action="store_true",
                    help="use each model's configs/gpu.pbtxt (KIND_GPU) instead of config.pbtxt")
     p.add_argument("--log-verbose", type=int, default=0)
@@ -493,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         admin_key=args.admin_key, extra_args=args.extra,
     )
     stopping = []
+    front = None
 
     def _on_signal(signum, _frame):
         stopping.append(signum)
@@ -506,7 +538,13 @@ def main(argv: list[str] | None = None) -> int:
         while not stopping:
             try:
                 launcher.wait_until_ready(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+                if args.openai_port:
+                    front = start_openai_front(launcher.grpc_url, launcher.selected_models(), args.host,
+                                               args.openai_port)
                 launcher.print_urls()
+                if front is not None:
+                    host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+                    print(f"  OpenAI   http://{host}:{args.openai_port}/v1 (pid {front.pid})\n", flush=True)
                 break
             except LaunchError:
                 if launcher.process.poll() is not None or time.monotonic() > deadline:
@@ -521,10 +559,12 @@ def main(argv: list[str] | None = None) -> int:
                     "(Triton 2.51 neither restarts the stub of a decoupled model nor marks it not ready): stopping")
     except LaunchError as e:
         print(f"alrkvd-serve: {e}", file=sys.stderr, flush=True)
+        stop_process(front)
         launcher.stop()
         return 1
     if stopping:
         print("alrkvd-serve: stopping tritonserver ...", file=sys.stderr, flush=True)
+    stop_process(front)
     code = launcher.stop()
     if stopping:
         return 0 if code == 0 else 1

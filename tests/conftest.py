@@ -9,6 +9,7 @@ used it gets the tail of the server log in its report.
         triton_server.http_url      # "127.0.0.1:PORT"
         triton_server.grpc_url      # "127.0.0.1:PORT"
         triton_server.metrics_url   # "http://127.0.0.1:PORT/metrics"
+        triton_server.openai_url    # "http://127.0.0.1:PORT/v1" (the OpenAI-compatible front)
         triton_server.model         # "smollm2"
 
 Environment: ALRKVD_TEST_MODELS="smollm2" loads only those models (default: all of them);
@@ -42,6 +43,7 @@ class TritonServer:
     http_url: str
     grpc_url: str
     metrics_url: str
+    openai_url: str  # "http://127.0.0.1:PORT/v1": the OpenAI-compatible front
     model: str
     models: tuple[str, ...]
     log_path: Path
@@ -88,24 +90,27 @@ def start_server(log_dir: Path, models: tuple[str, ...], model_repository: Path 
     from server.serve import LaunchError, free_ports, wait_until_ready
 
     timeout = float(os.environ.get("ALRKVD_TEST_READY_TIMEOUT", "900"))
-    http, grpc, metrics = free_ports(3)
+    http, grpc, metrics, openai = free_ports(4)
     log_path = log_dir / "tritonserver.log"
     # no --host: the launcher's default (the loopback) is what tests/server/test_server_e2e.py checks
     cmd = [sys.executable, "-m", "server.serve", "--model-repository", str(model_repository),
            "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+           "--openai-port", str(openai),
            "--ready-timeout", str(timeout), "--exit-timeout", str(exit_timeout_s), "--models", *models]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env={**os.environ, **(env or {})})
     server = TritonServer(
         http_url=f"127.0.0.1:{http}", grpc_url=f"127.0.0.1:{grpc}",
-        metrics_url=f"http://127.0.0.1:{metrics}/metrics",
+        metrics_url=f"http://127.0.0.1:{metrics}/metrics", openai_url=f"http://127.0.0.1:{openai}/v1",
         model=DEFAULT_MODEL if DEFAULT_MODEL in models else models[0], models=models,
         log_path=log_path, process=proc,
     )
     start = time.monotonic()
     try:
         wait_until_ready(server.http_url, list(models), timeout, proc)
+        # the launcher starts the OpenAI front once Triton is ready
+        wait_until_ready(f"127.0.0.1:{openai}", [], 60, proc, health_path="/health")
     except LaunchError as e:
         server.stop()
         pytest.fail(f"tritonserver did not start: {e}\n--- server log ---\n{server.log_tail(200)}",
