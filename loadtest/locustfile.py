@@ -50,7 +50,9 @@ def _add_options(parser):
                    help="requests sent this early are recorded but left out of the report; Locust stats reset then")
     g.add_argument("--grpc-url", default="", env_var="LOADTEST_GRPC_URL",
                    help="host:port of Triton's gRPC endpoint (default: the --host name, port 8001)")
-    g.add_argument("--protocol", default="", choices=["", "grpc", "http"], env_var="LOADTEST_PROTOCOL",
+    g.add_argument("--openai-url", default="", env_var="LOADTEST_OPENAI_URL",
+                   help="base URL of the OpenAI-compatible front (default: the --host name, port 9000, /v1)")
+    g.add_argument("--protocol", default="", choices=["", "grpc", "http", "openai"], env_var="LOADTEST_PROTOCOL",
                    help="force every tenant onto one protocol")
     g.add_argument("--model", default="", env_var="LOADTEST_MODEL", help="force every tenant onto one model")
     g.add_argument("--seed", type=int, default=None, env_var="LOADTEST_SEED", help="override the tenants file seed")
@@ -83,6 +85,7 @@ def _configure(environment, cfg: _tenants.TenantsConfig) -> None:
         cls.host = environment.host
     state: _users.RunState = environment.loadtest
     state.grpc_url = opts.grpc_url or default_grpc_url(environment.host)
+    state.openai_url = opts.openai_url or f"http://{default_grpc_url(environment.host).rsplit(':', 1)[0]}:9000/v1"
     state.request_timeout = float(opts.request_timeout)
     state.warmup_s = _shapes.parse_duration(opts.warmup)
     state.arrival_rate = float(opts.rate) if opts.shape == "poisson" else 0.0

@@ -5,7 +5,8 @@
     tenants:
       - name: chat
         weight: 3                 # share of the users (Locust weight); or fixed_count: 2
-        protocol: grpc            # grpc (bidirectional stream) | http (SSE on generate_stream)
+        protocol: grpc            # grpc (bidirectional stream) | http (SSE on generate_stream) | openai (SSE on the
+                                  # OpenAI front's /v1/completions)
         model: smollm2
         prompt:
           source: synthetic       # synthetic | file
@@ -37,7 +38,7 @@ from pathlib import Path
 
 import yaml
 
-PROTOCOLS = ("grpc", "http")
+PROTOCOLS = ("grpc", "http", "openai")
 
 _TENANT_KEYS = {"name", "weight", "fixed_count", "model", "protocol", "prompt", "max_tokens", "sampling", "slo",
                 "think_time_s", "cancel", "invalid"}

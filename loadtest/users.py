@@ -280,8 +280,8 @@ class SseClient:
                                            frozenset(o["name"] for o in meta["outputs"]))
         return self._models[name]
 
-    def generate(self, model: str, prompt: str, max_tokens: int, sampling: dict, request_id: str,
-                 on_piece: Callable[[Piece], None]) -> Outcome:
+    def _request(self, model: str, prompt: str, max_tokens: int, sampling: dict) -> tuple[str, dict, bool]:
+        """(URL, JSON body, whether the events count tokens) of one streamed request."""
         info = self._model(model)
         # Declared inputs go as top-level keys (Triton's generate extension maps them onto inputs);
         # sampling goes in `sampling_parameters` when the model has it, else as request parameters.
@@ -293,7 +293,22 @@ class SseClient:
             body["sampling_parameters"] = json.dumps(params)
         else:
             body["parameters"] = params
-        counted = "num_output_tokens" in info.outputs
+        return f"{self.base_url}/v2/models/{model}/generate_stream", body, "num_output_tokens" in info.outputs
+
+    def _event(self, ev, t: float, counted: bool, pieces: int) -> Piece | None:
+        """One event as a Piece (None: no piece, such as the end marker); LLMRequestError for an error event."""
+        try:
+            te = decode_triton_event(ev)
+        except ValueError as e:
+            raise LLMRequestError(STREAM_ERROR, str(e)) from None
+        if te.error is not None:
+            raise LLMRequestError(STREAM_ERROR if pieces else HTTP, te.error)
+        n = te.num_output_tokens if counted and te.num_output_tokens is not None else (1 if te.text else 0)
+        return Piece(t, n, te.text, te.finish_reason, te.num_input_tokens)
+
+    def generate(self, model: str, prompt: str, max_tokens: int, sampling: dict, request_id: str,
+                 on_piece: Callable[[Piece], None]) -> Outcome:
+        url, body, counted = self._request(model, prompt, max_tokens, sampling)
         outcome = Outcome(tokens_from_server=counted)
         pieces = tokens = 0
         timer = gevent.Timeout(self.request_timeout)
@@ -301,8 +316,7 @@ class SseClient:
         resp = None
         try:
             try:
-                resp = self.session.post(f"{self.base_url}/v2/models/{model}/generate_stream", json=body, stream=True,
-                                         timeout=(self.connect_timeout, self.request_timeout))
+                resp = self.session.post(url, json=body, stream=True, timeout=(self.connect_timeout, self.request_timeout))
             except requests.exceptions.ReadTimeout as e:
                 raise LLMRequestError(TIMEOUT, str(e)) from None
             except requests.RequestException as e:
@@ -314,16 +328,11 @@ class SseClient:
                 for chunk in resp.iter_content(chunk_size=None):
                     t = time.perf_counter()
                     for ev in parser.feed(chunk, t):
-                        try:
-                            te = decode_triton_event(ev)
-                        except ValueError as e:
-                            raise LLMRequestError(STREAM_ERROR, str(e)) from None
-                        if te.error is not None:
-                            raise LLMRequestError(STREAM_ERROR if pieces else HTTP, te.error)
-                        n = te.num_output_tokens if counted and te.num_output_tokens is not None else (1 if te.text else 0)
-                        piece = Piece(t, n, te.text, te.finish_reason, te.num_input_tokens)
+                        piece = self._event(ev, t, counted, pieces)
+                        if piece is None:
+                            continue
                         pieces += 1
-                        tokens += n
+                        tokens += piece.tokens
                         _finish(outcome, piece)
                         on_piece(piece)
             except requests.exceptions.ConnectionError as e:
@@ -349,6 +358,32 @@ class SseClient:
         self.session.close()
 
 
+class OpenAIClient(SseClient):
+    """Streamed `POST <base>/completions` of the OpenAI-compatible front (server/openai_front.py): the tenants'
+    prompts and sampling as they go to Triton, so the same load runs through the front. Each event with text
+    counts as one token (OpenAI's chunks carry no counts); the usage chunk gives the prompt's tokens."""
+
+    def _request(self, model: str, prompt: str, max_tokens: int, sampling: dict) -> tuple[str, dict, bool]:
+        body = {"model": model, "prompt": prompt, "stream": True, "stream_options": {"include_usage": True},
+                **_sampling(max_tokens, sampling)}
+        return f"{self.base_url}/completions", body, False
+
+    def _event(self, ev, t: float, counted: bool, pieces: int) -> Piece | None:
+        if ev.data == "[DONE]":
+            return None
+        try:
+            d = json.loads(ev.data)
+        except ValueError as e:
+            raise LLMRequestError(STREAM_ERROR, f"not JSON: {e}") from None
+        if "error" in d:
+            raise LLMRequestError(STREAM_ERROR if pieces else HTTP, str(d["error"].get("message", d["error"])))
+        if not d.get("choices"):  # the usage chunk
+            usage = d.get("usage") or {}
+            return Piece(t, 0, "", None, usage.get("prompt_tokens"))
+        c = d["choices"][0]
+        return Piece(t, 1 if c.get("text") else 0, c.get("text") or "", c.get("finish_reason"), None)
+
+
 class ArrivalSchedule:
     """Poisson arrivals at `rate` per second: exponential gaps from a seeded generator, claimed in order."""
 
@@ -369,6 +404,7 @@ class RunState:
     """Per-process state of one load test, shared by all users (set on `environment.loadtest`)."""
 
     grpc_url: str
+    openai_url: str = ""  # the OpenAI-compatible front's base URL (".../v1"), for tenants on protocol openai
     request_timeout: float = 120.0
     warmup_s: float = 0.0
     worker_index: int = 0
@@ -492,7 +528,7 @@ class LLMUser(User):
         elif exception is None:
             o = outcome_of(rec)
             exception = LLMRequestError(o, f"{rec.expect or 'an ordinary'} request ended {o}")
-        self._fire(self.protocol if self.protocol == "grpc" else "sse", rec.t_end * 1000.0, tokens, exception,
+        self._fire({"http": "sse"}.get(self.protocol, self.protocol), rec.t_end * 1000.0, tokens, exception,
                    {"tenant": tn.name, "kind": rec.error_kind, "outcome": outcome_of(rec)})
         tpot = derive(rec).tpot
         if tpot is not None:
@@ -518,9 +554,17 @@ class HttpLLMUser(LLMUser):
         return SseClient(self.host, self.state.request_timeout)
 
 
+class OpenAILLMUser(LLMUser):
+    abstract = True
+    protocol = "openai"
+
+    def make_client(self):
+        return OpenAIClient(self.state.openai_url, self.state.request_timeout)
+
+
 def tenant_user_class(tenant: Tenant, arrival_share: float = 1.0) -> type[LLMUser]:
     """A concrete Locust user class named after the tenant, weighted as the tenant says."""
-    base = GrpcLLMUser if tenant.protocol == "grpc" else HttpLLMUser
+    base = {"grpc": GrpcLLMUser, "http": HttpLLMUser, "openai": OpenAILLMUser}[tenant.protocol]
     attrs = {"tenant": tenant, "arrival_share": arrival_share, "__module__": __name__}
     if tenant.fixed_count:
         attrs["fixed_count"] = tenant.fixed_count

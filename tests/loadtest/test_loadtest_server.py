@@ -136,6 +136,9 @@ TENANTS = {
         {"name": "chat", "fixed_count": 1, "protocol": "grpc", "max_tokens": 8,
          "prompt": {"words": {"dist": "uniform", "min": 8, "max": 16}, "prefix": "Answer briefly: "},
          "slo": {"ttft_ms": 60000, "tpot_ms": 60000}},
+        {"name": "assistant", "fixed_count": 1, "protocol": "openai", "max_tokens": 8,
+         "prompt": {"words": {"dist": "uniform", "min": 8, "max": 16}, "prefix": "Answer briefly: "},
+         "slo": {"ttft_ms": 60000, "tpot_ms": 60000}},
         {"name": "summarize", "fixed_count": 1, "protocol": "http", "max_tokens": 8,
          "prompt": {"words": {"dist": "uniform", "min": 60, "max": 100}, "prefix": "Summarize: "},
          "slo": {"ttft_ms": 1, "tpot_ms": 60000}},  # unmeetable TTFT: goodput 0
@@ -157,8 +160,8 @@ def test_inprocess_locust_run_per_tenant_metrics(triton_server, tmp_path):
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text(yaml.safe_dump(dict(TENANTS, defaults=dict(TENANTS["defaults"], model=srv.model))))
     out = tmp_path / "run"
-    args = ["--host", f"http://{srv.http_url}", "--grpc-url", srv.grpc_url, "--tenants", str(tenants),
-            "--shape", "fixed", "--users", "3", "--run-time", "24s", "--warmup", "3s",
+    args = ["--host", f"http://{srv.http_url}", "--grpc-url", srv.grpc_url, "--openai-url", srv.openai_url,
+            "--tenants", str(tenants), "--shape", "fixed", "--users", "4", "--run-time", "24s", "--warmup", "3s",
             "--stop-timeout", "120", "--out-dir", str(out), "--loglevel", "WARNING"]
     before = settled_counters(srv)
     started = time.monotonic()
@@ -168,7 +171,7 @@ def test_inprocess_locust_run_per_tenant_metrics(triton_server, tmp_path):
     assert proc.returncode == 1, proc.stderr[-3000:]  # 1: the "rejected" tenant's failures
     after = settled_counters(srv)
     records = read_records(out / "requests.jsonl")
-    by = {n: [r for r in records if r.tenant == n] for n in ("chat", "summarize", "rejected")}
+    by = {n: [r for r in records if r.tenant == n] for n in ("chat", "assistant", "summarize", "rejected")}
     assert {r.tenant for r in records} == set(by)
 
     # Good tenants: every request succeeded over its own protocol, with consistent timings.
@@ -184,6 +187,11 @@ def test_inprocess_locust_run_per_tenant_metrics(triton_server, tmp_path):
             assert len(m.itl) == sum(1 for n in r.piece_tokens if n > 0) - 1
             assert m.tpot == pytest.approx((m.e2e - m.ttft) / 7)
             assert r.num_input_tokens >= r.prompt_words // 2
+    # The same load through the OpenAI front: a token per streamed chunk, the prompt's tokens from `usage`.
+    assert len([r for r in by["assistant"] if not r.warmup]) >= 1
+    for r in by["assistant"]:
+        assert r.ok and r.protocol == "openai" and not r.tokens_from_server, (r.error_kind, r.error)
+        assert derive(r).output_tokens == 8 and r.finish_reason == "length" and r.num_input_tokens >= r.prompt_words // 2
     # Refused tenant: failures of kind "http" carrying the server's message, no tokens.
     assert by["rejected"] and all(r.error_kind == HTTP and "no_such_knob" in r.error and not r.piece_t
                                   for r in by["rejected"])
@@ -196,7 +204,7 @@ def test_inprocess_locust_run_per_tenant_metrics(triton_server, tmp_path):
 
     # The exact report: per-tenant metrics exist and agree with the raw records.
     summary = write_report(out)
-    for name in ("chat", "summarize"):
+    for name in ("chat", "assistant", "summarize"):
         s = summary["tenants"][name]
         measured = [r for r in by[name] if not r.warmup]
         assert s["requests"] == s["ok"] == len(measured) and s["failed"] == 0
@@ -215,7 +223,8 @@ def test_inprocess_locust_run_per_tenant_metrics(triton_server, tmp_path):
     # Locust's live statistics, named by tenant and metric.
     live = {(e["type"], e["name"]): e for e in json.loads((out / "locust_stats.json").read_text())}
     for key in [("grpc", "chat"), ("TTFT", "chat"), ("ITL", "chat"), ("TPOT", "chat"),
-                ("sse", "summarize"), ("TTFT", "summarize"), ("ITL", "summarize")]:
+                ("sse", "summarize"), ("TTFT", "summarize"), ("ITL", "summarize"), ("openai", "assistant"),
+                ("TTFT", "assistant"), ("ITL", "assistant")]:
         assert key in live and live[key]["num_requests"] >= 1, key
     assert live[("sse", "rejected")]["num_failures"] == live[("sse", "rejected")]["num_requests"] > 0
     assert live[("grpc", "chat")]["total_content_length"] == 8 * live[("grpc", "chat")]["num_requests"]
