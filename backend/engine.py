@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import queue
 import threading
@@ -27,6 +28,7 @@ from backend.loader import load_model, resolve_source
 from backend.model import MoE
 from backend.sampling import MAX_PROMPT_BYTES, RequestLimits, SamplingParams, sample
 from backend.step_cost import StepCost
+from backend.structured import Grammars
 from backend.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
@@ -108,6 +110,7 @@ class Sequence:
         self.max_len = max_len
         self.finish_reason: str | None = None
         self.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        self.matcher = None  # the response_format's grammar state (backend/structured.py)
 
     @property
     def all_ids(self) -> list[int]:
@@ -204,6 +207,8 @@ class LLMEngine:
         params.validate(self.limits)
         seq = Sequence(request_id, ids, params, IncrementalDetokenizer(self.tokenizer, ids) if self.tokenizer else None, priority,
                        self.max_model_len)
+        if params.response_format is not None:
+            seq.matcher = self.grammars.matcher(params.response_format)  # ValueError: it does not compile
         self.requests[request_id] = seq
         if deadline is not None:
             self.deadlines[request_id] = deadline
@@ -211,6 +216,13 @@ class LLMEngine:
             self.faults[request_id] = fault
         self.waiting.append(seq)
         return request_id
+
+    @functools.cached_property
+    def grammars(self) -> Grammars:
+        """The response_format compiler (backend/structured.py), made on the first request that has one."""
+        if self.tokenizer is None:
+            raise ValueError("response_format needs a tokenizer (this engine has tokenizer='none')")
+        return Grammars(self.tokenizer, self.cfg.vocab_size, self.stop_ids)
 
     @property
     def limits(self) -> RequestLimits:
@@ -360,6 +372,8 @@ class LLMEngine:
         if not ready:
             return []
         logits = self.model.logits(hidden[[i for _, i in ready]])
+        if any(seq.matcher is not None for seq, _ in ready):
+            self.grammars.apply(logits, [seq.matcher for seq, _ in ready])
         new_ids = sample(logits, [s.params for s, _ in ready], [s.generator for s, _ in ready])
         return [self._fail(seq, f"sampling failed: {tok!r}") if isinstance(tok, Exception) else self._append(seq, tok)
                 for (seq, _), tok in zip(ready, new_ids)]
@@ -379,6 +393,8 @@ class LLMEngine:
         return out
 
     def _append(self, seq: Sequence, token: int) -> RequestOutput:
+        if seq.matcher is not None and not seq.matcher.consume_token(token):
+            return self._fail(seq, f"the response_format's grammar refused token {token}: {seq.matcher.get_error()}")
         seq.output_ids.append(token)
         p = seq.params
         if token in p.stop_token_ids or (token in self.stop_ids and not p.ignore_eos):
@@ -391,6 +407,8 @@ class LLMEngine:
                     seq.text = seq.text[:idx]
                     seq.finish_reason = "stop"
                     break
+            if seq.matcher is not None and seq.matcher.is_stopped():  # the grammar is complete with this token
+                seq.finish_reason = "stop"
         if seq.finish_reason is None and (len(seq.output_ids) >= p.max_tokens or len(seq.all_ids) >= seq.max_len):
             seq.finish_reason = "length"
         if seq.finish_reason is not None:

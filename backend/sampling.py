@@ -6,6 +6,8 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from backend.structured import check_response_format
+
 # What any request may ask, whatever the engine (README "Limits"): checked at the door, before tokenizing.
 MAX_PROMPT_BYTES = 1 << 20     # UTF-8 bytes of a prompt; an engine's own bound is usually lower (RequestLimits)
 MAX_STOP_STRINGS = 16
@@ -46,6 +48,9 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    # structured output (backend/structured.py): OpenAI's {"type": "json_schema", "json_schema": {"schema": ...}},
+    # {"type": "json_object"}, or {"type": "regex", "regex": ...}
+    response_format: dict | None = None
 
     @classmethod
     def from_dict(cls, d: dict, limits: RequestLimits | None = None) -> "SamplingParams":
@@ -98,6 +103,10 @@ class SamplingParams:
             bad("stop_token_ids", f"must be a list of at most {MAX_STOP_TOKEN_IDS} token ids within the vocabulary")
         if not isinstance(self.ignore_eos, bool):
             bad("ignore_eos", "must be a boolean")
+        try:
+            self.response_format = check_response_format(self.response_format)
+        except ValueError as e:
+            bad("response_format", str(e))
         self.temperature, self.top_p = float(self.temperature), float(self.top_p)
 
     @property

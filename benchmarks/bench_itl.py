@@ -2,14 +2,15 @@
 
 One greedy stream at a time, `--tokens` tokens, `--rounds` rounds; each round runs, back to back,
 the engine in this process (AsyncEngine, the model's config.pbtxt options), then the same request
-through a running server over gRPC and over HTTP, so slow drifts in machine load hit all three
-alike. Reported per path: the median over rounds of each stream's mean gap between tokens, and
+through a running server over gRPC, over HTTP and through the OpenAI-compatible front (its streamed
+/v1/completions, server/openai_front.py), so slow drifts in machine load hit all four alike. Reported per path: the median over rounds of each stream's mean gap between tokens, and
 model.py's own view of each Triton stream (alrkvd:time_per_output_token_seconds over that
 stream): client gap minus model.py gap, on the same tokens, is what Triton's transport adds to
 the gaps.
 
     alrkvd-serve --models smollm2 &        # or make serve
-    python -m benchmarks.bench_itl --grpc-url 127.0.0.1:8001 --http-url 127.0.0.1:8000 --out reports/bench_itl.json
+    python -m benchmarks.bench_itl --grpc-url 127.0.0.1:8001 --http-url 127.0.0.1:8000 \
+        --openai-url http://127.0.0.1:9000/v1 --out reports/bench_itl.json
 """
 
 from __future__ import annotations
@@ -68,6 +69,19 @@ def engine_gaps(engine, tokens: int, request_id: str) -> list[float]:
     return asyncio.run(run())
 
 
+def openai_gaps(base_url: str, model: str, tokens: int) -> list[float]:
+    """Gaps between the streamed chunks that carry text, of one greedy /v1/completions stream."""
+    body = {"model": model, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    times = []
+    with requests.post(f"{base_url}/completions", json=body, stream=True, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith(b"data: {") and json.loads(line[6:])["choices"][0]["text"]:
+                times.append(time.perf_counter())
+    return [b - a for a, b in zip(times, times[1:])]
+
+
 def server_tpot(metrics_url: str, model: str) -> tuple[float, float]:
     text = requests.get(metrics_url, timeout=10, headers={"Connection": "close"}).text
     values = []
@@ -82,6 +96,7 @@ def main(argv=None) -> int:
     p.add_argument("--grpc-url", default="127.0.0.1:8001")
     p.add_argument("--http-url", default="127.0.0.1:8000")
     p.add_argument("--metrics-url", default=None, help="default: the HTTP host, port 8002")
+    p.add_argument("--openai-url", default="http://127.0.0.1:9000/v1", help="the OpenAI-compatible front")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)
@@ -89,13 +104,20 @@ def main(argv=None) -> int:
     p.add_argument("--start-server", action="store_true",
                    help="start tritonserver (this model only) on free loopback ports, stop it at the end")
     args = p.parse_args(argv)
-    launcher = None
+    launcher = front = None
     if args.start_server:
+        from server.serve import free_ports, start_openai_front, stop_process
+
         launcher = start_server(args.model)
         args.grpc_url, args.http_url, args.metrics_url = launcher.grpc_url, launcher.http_url, launcher.metrics_url
+        port = free_ports(1)[0]
+        front = start_openai_front(launcher.grpc_url, [args.model], "127.0.0.1", port)
+        args.openai_url = f"http://127.0.0.1:{port}/v1"
     try:
         return run(args)
     finally:
+        if front is not None:
+            stop_process(front)
         if launcher is not None:
             launcher.stop()
 
@@ -116,30 +138,32 @@ def run(args) -> int:
     metrics_url = args.metrics_url or f"http://{args.http_url.rsplit(':', 1)[0]}:8002/metrics"
 
     engine = load_engine(args.model)
-    rows = {k: [] for k in ("engine", "grpc", "http", "grpc_model_py", "http_model_py")}
+    paths = ("grpc", "http", "openai")
+    rows = {k: [] for k in ("engine", *paths, *(f"{p}_model_py" for p in paths))}
     for r in range(args.rounds + 1):  # round 0 warms everything up and is dropped
         e = statistics.mean(engine_gaps(engine, args.tokens, f"bench-{r}"))
         per = {}
-        for proto, url in (("grpc", args.grpc_url), ("http", args.http_url)):
+        for proto, url in (("grpc", args.grpc_url), ("http", args.http_url), ("openai", args.openai_url)):
             s0 = server_tpot(metrics_url, args.model)
-            c = complete(PROMPT, url=url, protocol=proto, model=args.model,
-                         max_tokens=args.tokens, temperature=0, ignore_eos=True)
+            if proto == "openai":
+                gaps = openai_gaps(url, args.model, args.tokens)
+            else:
+                gaps = complete(PROMPT, url=url, protocol=proto, model=args.model,
+                                max_tokens=args.tokens, temperature=0, ignore_eos=True).itl_s
             s1 = server_tpot(metrics_url, args.model)
-            # the same tokens seen by the client and by model.py: the difference is Triton's
-            per[proto] = (statistics.mean(c.itl_s), (s1[0] - s0[0]) / max(1.0, s1[1] - s0[1]))
+            # the same tokens seen by the client and by model.py: the difference is Triton's (and the front's)
+            per[proto] = (statistics.mean(gaps), (s1[0] - s0[0]) / max(1.0, s1[1] - s0[1]))
         if r == 0:
             continue
         rows["engine"].append(e)
         for proto, (client_itl, model_py) in per.items():
             rows[proto].append(client_itl)
             rows[f"{proto}_model_py"].append(model_py)
-        print(f"round {r}: engine {e * 1e3:6.1f} ms | gRPC {per['grpc'][0] * 1e3:6.1f} ms "
-              f"(model.py {per['grpc'][1] * 1e3:6.1f}) | HTTP {per['http'][0] * 1e3:6.1f} ms "
-              f"(model.py {per['http'][1] * 1e3:6.1f})", file=sys.stderr)
+        print(f"round {r}: engine {e * 1e3:6.1f} ms | " + " | ".join(
+            f"{p} {per[p][0] * 1e3:6.1f} ms (model.py {per[p][1] * 1e3:6.1f})" for p in paths), file=sys.stderr)
     engine.shutdown()
     med = {k: statistics.median(v) for k, v in rows.items()}
-    paired = {p: statistics.median([a - b for a, b in zip(rows[p], rows[f"{p}_model_py"])])
-              for p in ("grpc", "http")}
+    paired = {p: statistics.median([a - b for a, b in zip(rows[p], rows[f"{p}_model_py"])]) for p in paths}
     result = {
         "model": args.model, "tokens": args.tokens, "rounds": args.rounds,
         "load_average": os.getloadavg(), "cpus": os.cpu_count(),
@@ -147,7 +171,9 @@ def run(args) -> int:
         # client gap - model.py gap on the same stream: what Triton's transport adds to the gap
         # between tokens (a constant per-token delay does not widen gaps and is not in here)
         "client_minus_model_py_gap_s": paired,
-        "vs_engine_alone_s": {p: med[p] - med["engine"] for p in ("grpc", "http")},
+        "vs_engine_alone_s": {p: med[p] - med["engine"] for p in paths},
+        # the front against Triton's gRPC stream, round by round (the front talks gRPC to Triton)
+        "openai_over_grpc": statistics.median([a / b for a, b in zip(rows["openai"], rows["grpc"])]),
     }
     print(json.dumps(result, indent=2))
     if args.out:

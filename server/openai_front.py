@@ -6,7 +6,9 @@ stream (`tritonclient.grpc.aio`), whose responses carry the new text, the finish
 counts. A chat goes as the model's `messages` input, which the model renders with its own chat template.
 Triton's refusals keep their meaning: INVALID_ARG -> 400, UNAVAILABLE (a full queue) -> 503, an unknown
 model -> 404, all in OpenAI's error shape. A client that goes away cancels the gRPC stream, so the engine
-frees the request's KV blocks. `alrkvd-serve` starts it beside `tritonserver` (`--openai-port`, 9000).
+frees the request's KV blocks. `response_format` (a JSON schema, any JSON object, or a regex) goes to the
+model, whose engine enforces it (backend/structured.py). `alrkvd-serve` starts it beside `tritonserver`
+(`--openai-port`, 9000).
 
     python -m server.openai_front --triton-grpc 127.0.0.1:8001 --port 9000
 """
@@ -49,6 +51,9 @@ class SamplingRequest(BaseModel):
     stream: bool = False
     stream_options: dict | None = None
     n: int = 1
+    # structured output: {"type": "json_schema", "json_schema": {"schema": ...}}, {"type": "json_object"},
+    # or {"type": "regex", "regex": ...} (this server's addition); enforced in the engine (backend/structured.py)
+    response_format: dict | None = None
 
 
 class CompletionRequest(SamplingRequest):
@@ -69,20 +74,21 @@ class ChatRequest(SamplingRequest):
 
 ENGINE_EXTRAS = ("top_k", "ignore_eos", "stop_token_ids")
 UNSUPPORTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "tools": (None, []), "functions": (None, []),
-               "echo": (None, False), "best_of": (None, 1), "suffix": (None, ""), "response_format": (None,)}
+               "echo": (None, False), "best_of": (None, 1), "suffix": (None, "")}
 
 
 def sampling_parameters(body: SamplingRequest, max_tokens: int | None, default_max_tokens: int) -> dict:
     if body.n != 1:
         raise OpenAIError(400, "only n=1 is supported")
     for key, allowed in UNSUPPORTED.items():
-        value = (body.model_extra or {}).get(key)
-        if value not in allowed and not (key == "response_format" and value == {"type": "text"}):
+        if (body.model_extra or {}).get(key) not in allowed:
             raise OpenAIError(400, f"'{key}' is not supported by this server")
     params = {"max_tokens": max_tokens or default_max_tokens}
     for key in ("temperature", "top_p", "seed"):
         if getattr(body, key) is not None:
             params[key] = getattr(body, key)
+    if body.response_format is not None:  # checked and compiled by the model: a bad one is its 400
+        params["response_format"] = body.response_format
     for key in ENGINE_EXTRAS:  # the engine's own sampling keys, as vLLM's server takes them (extra_body)
         if key in (body.model_extra or {}):
             params[key] = body.model_extra[key]

@@ -4,6 +4,9 @@ non-streamed text, usage counts, stop strings, OpenAI-shaped errors, and a dropp
 
 from __future__ import annotations
 
+import json
+
+import jsonschema
 import openai
 import pytest
 import requests
@@ -58,6 +61,31 @@ def test_completions_stream_and_stop(client, triton_server):
     assert cut.choices[0].finish_reason == "stop" and word not in cut.choices[0].text
 
 
+SCHEMAS = {
+    "nested": {"type": "object", "additionalProperties": False, "required": ["city", "country"],
+               "properties": {"city": {"type": "string", "maxLength": 30},
+                              "country": {"type": "object", "required": ["name", "continent"],
+                                          "additionalProperties": False,
+                                          "properties": {"name": {"type": "string", "maxLength": 30},
+                                                         "continent": {"enum": ["Europe", "Asia", "Africa"]}}}}},
+    "array": {"type": "object", "additionalProperties": False, "required": ["colours"],
+              "properties": {"colours": {"type": "array", "minItems": 1, "maxItems": 3,
+                                         "items": {"enum": ["red", "green", "blue", "yellow"]}}}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_json_schema_responses_validate(client, triton_server, name):
+    fmt = {"type": "json_schema", "json_schema": {"name": name, "schema": SCHEMAS[name], "strict": True}}
+    r = client.chat.completions.create(model=triton_server.model, messages=FRANCE, max_tokens=120,
+                                       response_format=fmt, **GREEDY)
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMAS[name])
+    streamed = client.chat.completions.create(model=triton_server.model, messages=FRANCE, max_tokens=120,
+                                              response_format=fmt, stream=True, **GREEDY)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == r.choices[0].message.content
+
+
 @pytest.mark.parametrize("bad,status,named", [
     ({"model": "no_such_model"}, 404, "no_such_model"),
     ({"max_tokens": 0}, 400, "max_tokens"),
@@ -67,6 +95,8 @@ def test_completions_stream_and_stop(client, triton_server):
     ({"messages": []}, 400, "messages"),
     ({"messages": [{"content": "no role"}]}, 400, "role"),
     ({"logprobs": True}, 400, "logprobs"),
+    ({"response_format": {"type": "regex", "regex": "(unclosed"}}, 400, "does not compile"),
+    ({"response_format": {"type": "xml"}}, 400, "response_format"),
 ])
 def test_bad_requests_get_openai_errors_and_the_next_one_succeeds(triton_server, bad, status, named):
     body = {"model": triton_server.model, "messages": FRANCE, "max_tokens": 4, **bad}
