@@ -3,7 +3,8 @@
 One greedy stream at a time, `--tokens` tokens, `--rounds` rounds; each round runs, back to back,
 the engine in this process (AsyncEngine, the model's config.pbtxt options), then the same request
 through a running server over gRPC, over HTTP and through the OpenAI-compatible front (its streamed
-/v1/completions, server/openai_front.py), so slow drifts in machine load hit all four alike. Reported per path: the median over rounds of each stream's mean gap between tokens, and
+/v1/completions, server/openai_front.py), without and with a JSON schema (`response_format`), so slow
+drifts in machine load hit all five alike. Reported per path: the median over rounds of each stream's mean gap between tokens, and
 model.py's own view of each Triton stream (alrkvd:time_per_output_token_seconds over that
 stream): client gap minus model.py gap, on the same tokens, is what Triton's transport adds to
 the gaps.
@@ -69,10 +70,15 @@ def engine_gaps(engine, tokens: int, request_id: str) -> list[float]:
     return asyncio.run(run())
 
 
-def openai_gaps(base_url: str, model: str, tokens: int) -> list[float]:
+# a schema whose one string runs on for as many tokens as asked: every token goes through the grammar's mask
+STORY = {"type": "json_schema", "json_schema": {"schema": {
+    "type": "object", "properties": {"story": {"type": "string"}}, "required": ["story"]}}}
+
+
+def openai_gaps(base_url: str, model: str, tokens: int, response_format: dict | None = None) -> list[float]:
     """Gaps between the streamed chunks that carry text, of one greedy /v1/completions stream."""
     body = {"model": model, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True}
+            "stream": True, **({"response_format": response_format} if response_format else {})}
     times = []
     with requests.post(f"{base_url}/completions", json=body, stream=True, timeout=600) as r:
         r.raise_for_status()
@@ -138,15 +144,16 @@ def run(args) -> int:
     metrics_url = args.metrics_url or f"http://{args.http_url.rsplit(':', 1)[0]}:8002/metrics"
 
     engine = load_engine(args.model)
-    paths = ("grpc", "http", "openai")
+    paths = ("grpc", "http", "openai", "openai_json")
     rows = {k: [] for k in ("engine", *paths, *(f"{p}_model_py" for p in paths))}
     for r in range(args.rounds + 1):  # round 0 warms everything up and is dropped
         e = statistics.mean(engine_gaps(engine, args.tokens, f"bench-{r}"))
         per = {}
-        for proto, url in (("grpc", args.grpc_url), ("http", args.http_url), ("openai", args.openai_url)):
+        for proto, url in (("grpc", args.grpc_url), ("http", args.http_url), ("openai", args.openai_url),
+                           ("openai_json", args.openai_url)):
             s0 = server_tpot(metrics_url, args.model)
-            if proto == "openai":
-                gaps = openai_gaps(url, args.model, args.tokens)
+            if proto.startswith("openai"):
+                gaps = openai_gaps(url, args.model, args.tokens, STORY if proto == "openai_json" else None)
             else:
                 gaps = complete(PROMPT, url=url, protocol=proto, model=args.model,
                                 max_tokens=args.tokens, temperature=0, ignore_eos=True).itl_s
@@ -174,6 +181,8 @@ def run(args) -> int:
         "vs_engine_alone_s": {p: med[p] - med["engine"] for p in paths},
         # the front against Triton's gRPC stream, round by round (the front talks gRPC to Triton)
         "openai_over_grpc": statistics.median([a / b for a, b in zip(rows["openai"], rows["grpc"])]),
+        # structured output's cost per token: the same front with a JSON schema against without
+        "json_schema_over_plain": statistics.median([a / b for a, b in zip(rows["openai_json"], rows["openai"])]),
     }
     print(json.dumps(result, indent=2))
     if args.out:

@@ -298,6 +298,10 @@ def test_overload_is_refused_at_once_and_admitted_requests_keep_their_pace(small
         admitted.start(f"a{i}", server, "grpc" if i % 2 == 0 else "http", max_tokens=64, **GREEDY)
     assert wait_for(lambda: sum(len(c) >= 3 for c in admitted.chunks.values()) == 2, timeout=60, interval=0.05)
     assert wait_for(lambda: metric(scrape(server), "alrkvd:num_requests_waiting", model) == 2, timeout=10)
+    # the OpenAI front says so in its own terms: 503 in OpenAI's error shape
+    r = requests.post(f"{server.openai_url}/chat/completions", headers=CLOSE, timeout=60,
+                      json={"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4})
+    assert r.status_code == 503 and "queue is full" in r.json()["error"]["message"], r.text
     t_quiet = time.monotonic()
     time.sleep(1.5)  # the running pair's pace before the flood
     refusals, accepted, lock = [], [], threading.Lock()
