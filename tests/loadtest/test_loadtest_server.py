@@ -161,7 +161,7 @@ def test_inprocess_locust_run_per_tenant_metrics(triton_server, tmp_path):
     tenants.write_text(yaml.safe_dump(dict(TENANTS, defaults=dict(TENANTS["defaults"], model=srv.model))))
     out = tmp_path / "run"
     args = ["--host", f"http://{srv.http_url}", "--grpc-url", srv.grpc_url, "--openai-url", srv.openai_url,
-            "--tenants", str(tenants), "--shape", "fixed", "--users", "4", "--run-time", "24s", "--warmup", "3s",
+            "--tenants", str(tenants), "--shape", "fixed", "--users", "4", "--run-time", "16s", "--warmup", "3s",
             "--stop-timeout", "120", "--out-dir", str(out), "--loglevel", "WARNING"]
     before = settled_counters(srv)
     started = time.monotonic()
@@ -240,7 +240,8 @@ def test_make_loadtest_smoke(triton_server, tmp_path):
     out = tmp_path / "smoke"
     # -o: never let this test run the Makefile's pip setup (CI's `make test` has just done it).
     cmd = ["make", "--no-print-directory", "-o", ".venv/.alrkvd-setup", "-o", "setup", "loadtest",
-           f"LOADTEST_ARGS=--host http://{srv.http_url} --grpc-url {srv.grpc_url} --server never --out {out}"]
+           f"LOADTEST_ARGS=--host http://{srv.http_url} --grpc-url {srv.grpc_url} --server never --out {out} "
+           "--run-time 12s"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"report: {out / 'report.md'}" in proc.stdout

@@ -1,5 +1,5 @@
 """The soak test (loadtest/soak.py, `make soak`): its pieces without a server (the cancel and bad-request
-tenants, outcomes, the slope fit, every rule of the verdict, the samplers), then a 45 s soak through
+tenants, outcomes, the slope fit, every rule of the verdict, the samplers), then a 30 s soak through
 `make soak` against the real tritonserver of tests/conftest.py, checked against its end conditions."""
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def test_soak_tenants_file():
     assert {t.protocol for t in cfg.tenants if t.cancel} == {"grpc", "http"}
     for proto in ("grpc", "http"):  # every kind of bad request over each protocol
         assert {k for t in cfg.tenants if t.protocol == proto for k in t.invalid} == set(INVALID_KINDS)
-    # the seeded plan drops a stream of each protocol within the first few requests (the 45 s test relies on it)
+    # the seeded plan drops a stream of each protocol within the first few requests (the 30 s test relies on it)
     assert any(by["chat"].cancel_after(k, by["chat"].request(k)[1]) for k in range(4))
     assert any(by["summarize"].cancel_after(k, by["summarize"].request(k)[1]) for k in range(4))
 
@@ -368,12 +368,12 @@ def test_verdict_memory_not_judged_on_a_short_window():
 # ------------------------------------------------------------------------------------------------
 
 
-def test_make_soak_45s(triton_server, tmp_path):
-    """`make soak` for 45 s against the session's server: its end conditions, its files."""
+def test_make_soak_30s(triton_server, tmp_path):
+    """`make soak` for 30 s against the session's server: its end conditions, its files."""
     srv = triton_server
     out = tmp_path / "soak"
     args = (f"--host http://{srv.http_url} --grpc-url {srv.grpc_url} --metrics-url {srv.metrics_url} "
-            f"--duration 45s --interval 5s --settle 30s --out {out}")
+            f"--duration 30s --interval 3s --settle 30s --out {out}")
     # -o: never let this test run the Makefile's pip setup (CI's `make test` has just done it).
     # PY: the interpreter running the tests (a worktree may have no .venv of its own).
     cmd = ["make", "--no-print-directory", "-o", ".venv/.alrkvd-setup", "-o", "setup", "soak", f"PY={sys.executable}",
@@ -385,7 +385,7 @@ def test_make_soak_45s(triton_server, tmp_path):
     doc = json.loads((out / "soak.json").read_text())
     s, samples = doc["summary"], doc["samples"]
     assert s["pass"] and all(c["pass"] for c in s["checks"].values()), s["checks"]
-    assert s["checks"]["memory"]["judged"] is False  # 45 s is too short to judge a slope
+    assert s["checks"]["memory"]["judged"] is False  # 30 s is too short to judge a slope
     # every KV block free after the load, nothing grew
     assert s["kv_blocks"]["after"] == 0 and s["kv_blocks"]["max_under_load"] > 0
     assert s["fds"]["after"] <= s["fds"]["before"] and s["threads"]["after"] <= s["threads"]["before"]

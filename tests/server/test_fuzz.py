@@ -21,7 +21,7 @@ import requests
 from client import complete
 from loadtest.fuzz import ALLOWED, run_fuzz
 
-CASES = int(os.environ.get("ALRKVD_FUZZ_CASES", "300"))
+CASES = int(os.environ.get("ALRKVD_FUZZ_CASES", "200"))
 SEED = int(os.environ.get("ALRKVD_FUZZ_SEED", "0"))
 
 
