@@ -83,6 +83,8 @@ class EngineArgs:
     expert_budget_bytes: int | None = None  # device bytes for routed experts, streamed from host; None: all resident
     expert_prefetch: int = 1           # MoE layers ahead whose experts are prefetched (pre-gating); 0: on demand only
     expert_policy: str = "lru"         # expert cache eviction: "lru" or "lfu"
+    moe_routing: str = "learned"       # "seeded": experts from a hash of each token's position and row, the same
+                                       # in every run and arm (dummy-weight benchmarks; Transformer.seed_routing)
 
 
 @dataclass
@@ -144,6 +146,10 @@ class LLMEngine:
         self.max_model_len = args.max_model_len or self.cfg.max_position_embeddings
         self.model.setup_rotary(self.max_model_len)
         self.moe_layers = [m for m in self.model.modules() if isinstance(m, MoE)]
+        if args.moe_routing not in ("learned", "seeded"):
+            raise ValueError(f"moe_routing must be 'learned' or 'seeded', not {args.moe_routing!r}")
+        if args.moe_routing == "seeded":
+            self.model.seed_routing(args.seed)
         most_tokens = max(args.max_num_batched_tokens, self.max_model_len)  # a step, or a `score` chunk
         ones = torch.ones(most_tokens * self.cfg.num_experts_per_tok, dtype=torch.float64,
                           device=args.device) if self.moe_layers else None

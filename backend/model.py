@@ -139,12 +139,18 @@ class MoE(nn.Module):
             self.shared_expert = MLP(H, cfg.shared_expert_intermediate_size)
             self.shared_expert_gate = nn.Linear(H, 1, bias=False)
         self.experts = None  # an ExpertCache (backend/experts.py) replaces the stacked weights when streaming
+        self.seeded_routes = None  # [buckets, top_k] experts per bucket: seeded routing (`seed_routing`)
+        self.route_keys = None     # [T] each token's bucket, set by the forward when routing is seeded
         self.routed_tokens = None  # [E] float64: tokens routed to each expert, when the engine counts them
         self.routed_ones = None    # ones to add, as many as a step's (token, expert) pairs (shared by layers)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.seeded_routes is not None:  # the experts from the token's bucket, their weights from the router
+            ids = self.seeded_routes[self.route_keys]
+            weights = probs.gather(1, ids)
+        else:
+            weights, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(-1, keepdim=True)
         return weights.to(x.dtype), ids
@@ -213,6 +219,19 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary: Rotary | None = None
+        self.seeded_routing = 0  # buckets of seeded routing; 0: learned routing
+
+    def seed_routing(self, seed: int, buckets: int = 4096):
+        """Route every token by a hash of its position and its row in the step, not by its hidden state: each
+        bucket has its own top-k experts, drawn from `seed`, per MoE layer; the router's weights stay. For
+        benchmarks on dummy weights, so that arms that compute different activations (KV formats, graphs or
+        eager) run the same experts, whatever ran before. Meaningless for a real model."""
+        for i, m in enumerate(m for m in self.modules() if isinstance(m, MoE)):
+            g = torch.Generator().manual_seed(seed * 1009 + i)
+            E = m.gate.out_features
+            routes = torch.stack([torch.randperm(E, generator=g)[:m.top_k] for _ in range(buckets)])
+            m.seeded_routes = routes.to(self.embed_tokens.weight.device)
+        self.seeded_routing = buckets
 
     def setup_rotary(self, max_len: int):
         self.rotary = Rotary(self.cfg, max_len, self.embed_tokens.weight.device)
@@ -221,6 +240,12 @@ class Transformer(nn.Module):
         """tokens, positions: [T]. Returns final hidden states [T, hidden]."""
         x = self.embed_tokens(tokens)
         rope = self.rotary.at(positions, x.dtype)
+        if self.seeded_routing:  # on the device, from the step's own buffers: captured in CUDA graphs too
+            rows = torch.arange(tokens.shape[0], device=tokens.device)
+            keys = (positions * 7919 + rows * 104729) % self.seeded_routing
+            for layer in self.layers:
+                if isinstance(layer.mlp, MoE):
+                    layer.mlp.route_keys = keys
         for layer in self.layers:
             x = layer(x, rope, kv_cache, batch)
         return self.norm(x)

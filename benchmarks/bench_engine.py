@@ -196,9 +196,13 @@ def expert_bytes(cfg: dict, elt: int = 2) -> int:
     return len(c.moe_layers) * c.num_experts * 3 * c.hidden_size * c.moe_intermediate_size * elt
 
 
+ROUTING = {"moe_routing": "seeded"}  # --routing: every arm runs the same experts (Transformer.seed_routing)
+
+
 def dummy_engine(name: str, kv_format: str, **args) -> LLMEngine:
     """The engine on CUDA over dummy weights of SHAPES[name] (chunks of 8192 tokens, 40960 positions);
-    `alrkvd` with the options its Triton kernels read; `alrkvd-post_rope` the same with key_frame=post_rope."""
+    `alrkvd` with the options its Triton kernels read; `alrkvd-post_rope` the same with key_frame=post_rope.
+    Routing as `--routing` says (seeded by default)."""
     shape = SHAPES[name]
     folder = tempfile.mkdtemp()
     with open(os.path.join(folder, "config.json"), "w") as f:
@@ -207,7 +211,7 @@ def dummy_engine(name: str, kv_format: str, **args) -> LLMEngine:
     kv_format, kv_options = kernel_format(kv_format, head_dim)
     return LLMEngine(EngineArgs(model=folder, load_format="dummy", tokenizer="none", device="cuda",
                                 kv_format=kv_format, kv_options=kv_options, max_num_batched_tokens=8192,
-                                max_model_len=40960, **args))
+                                max_model_len=40960, **{**ROUTING, **args}))
 
 
 def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv_formats=("fp16",),
@@ -432,9 +436,12 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--kv-formats", default="fp16", help="e.g. fp16,alrkvd: paged KV formats compared")
     ap.add_argument("--expert-fractions", default="1.0", help="e.g. 1.0,0.5: expert cache sizes (streaming below 1)")
+    ap.add_argument("--routing", default="seeded", choices=["seeded", "learned"],
+                    help="MoE routing of the dummy models: seeded (the same experts in every arm) or learned")
     ap.add_argument("--out")
     args = ap.parse_args()
-    result = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__}
+    ROUTING["moe_routing"] = args.routing
+    result = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "moe_routing": args.routing}
     if args.cpu:
         result["cpu"] = bench_cpu(args.max_tokens, args.rounds)
         print(json.dumps(result["cpu"], indent=1))

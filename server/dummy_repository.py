@@ -69,12 +69,15 @@ def main() -> None:
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--kv-format", help="the KV format or preset (default: the GPU config's)")
     p.add_argument("--max-step-ms", type=float, help="stall-free batching's step target (default: off)")
+    p.add_argument("--moe-routing", default="seeded", choices=["seeded", "learned"],
+                   help="seeded (default): experts from each token's position and row, the same in every config "
+                        "compared; learned: the dummy router's")
     p.add_argument("--cuda-graph-max-tokens", type=int,
                    help="steps with prompt chunks up to this many tokens as CUDA graphs (default: the engine's; "
                         "0: decode steps only)")
     a = p.parse_args()
     options = {"kv_budget_bytes": int(a.kv_budget_gb * 2**30), "max_model_len": 8192,
-               "max_num_seqs": a.max_num_seqs, "max_num_batched_tokens": 2048}
+               "max_num_seqs": a.max_num_seqs, "max_num_batched_tokens": 2048, "moe_routing": a.moe_routing}
     if a.kv_format:
         options["kv_format"] = a.kv_format
     if a.max_step_ms is not None:

@@ -14,6 +14,7 @@ import torch  # noqa: E402
 
 from backend.cuda_graphs import StepGraphs  # noqa: E402
 from backend.engine import EngineArgs, LLMEngine  # noqa: E402
+from backend.model import MoE  # noqa: E402
 from backend.sampling import SamplingParams  # noqa: E402
 from kernels.alrkvd_attention import alrkvd_decode_attention_ref, kernel_options  # noqa: E402
 from kernels.kivi_attention import kivi_decode_attention_ref  # noqa: E402
@@ -131,3 +132,34 @@ def test_mixed_steps_give_the_eager_tokens(tmp_path, shape):
     if eager_counts is not None:
         assert torch.equal(engine.routing_counts(), eager_counts)
     assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
+
+
+def test_seeded_routing_runs_the_same_experts_whatever_the_activations(tmp_path):
+    """`moe_routing="seeded"` (dummy-weight benchmarks): experts from each token's position and row, so two KV
+    formats, whose attention outputs differ, route every step to the same experts; learned routing does not
+    promise that. Graph replays route as eager steps do."""
+    counts = {}
+    for kv_format in ("fp16", "kivi4"):
+        (tmp_path / kv_format).mkdir()
+        (tmp_path / kv_format / "config.json").write_text(json.dumps(QWEN3_MOE))
+        engine = LLMEngine(EngineArgs(model=str(tmp_path / kv_format), load_format="dummy", tokenizer="none",
+                                      device=DEVICE, dtype="float32", kv_format=kv_format, max_num_seqs=4,
+                                      moe_routing="seeded"))
+        if DEVICE == "cpu":
+            engine.cache.decode_kernel = REFERENCES[kv_format]
+        engine.graphs = StepGraphs(engine.model, engine.cache, 4, engine.max_model_len, capture=DEVICE == "cuda")
+        engine.graphs.capture_all()
+        engine.reset_routing_counts()
+        g = torch.Generator().manual_seed(2)
+        for n in (40, 7, 150):
+            engine.add_request(None, SamplingParams(max_tokens=30, temperature=0, ignore_eos=True),
+                               prompt_ids=torch.randint(0, 512, (n,), generator=g).tolist())
+        while engine.has_unfinished():
+            engine.step()
+        counts[kv_format] = engine.routing_counts()
+    assert counts["fp16"].sum() == 2 * 2 * (40 + 7 + 150 + 3 * 29)  # every token, in 2 layers, to top_k = 2 experts
+    assert torch.equal(counts["fp16"], counts["kivi4"])
+    moe = next(m for m in engine.model.modules() if isinstance(m, MoE))
+    x = torch.randn(5, QWEN3_MOE["hidden_size"], device=DEVICE)
+    moe.route_keys = torch.arange(5, device=DEVICE)
+    assert torch.equal(moe.route(x)[1], moe.route(-x)[1])  # the experts do not depend on the hidden state
