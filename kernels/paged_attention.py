@@ -536,6 +536,7 @@ def paged_tiles_attention(q, k_cache, v_cache, block_tables, seq_lens, tile_star
     assert tile_starts.shape == tile_counts.shape and tile_starts.dtype == tile_counts.dtype == torch.int32
     group = num_q_heads // num_kv_heads
     block_q = tile_tokens(group)
+    block_m = max(16, triton.next_power_of_2(block_q * group))
     num_tiles = tile_starts.shape[0]
     if num_splits is None:
         num_splits = default_num_splits(num_tiles, num_kv_heads, block_tables.shape[1] * page_size, q.device)
@@ -551,10 +552,10 @@ def paged_tiles_attention(q, k_cache, v_cache, block_tables, seq_lens, tile_star
         block_tables.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
-        GROUP=group, BLOCK_Q=block_q, BLOCK_M=max(16, triton.next_power_of_2(block_q * group)),
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE_SIZE=page_size, BLOCK_N=32,
-        DOT_DTYPE=dot_dtype(k_cache.dtype, q.device),
-        DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2,
+        GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        PAGE_SIZE=page_size, BLOCK_N=32, DOT_DTYPE=dot_dtype(k_cache.dtype, q.device),
+        DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
+        num_warps=4 if block_m <= 64 else 8, num_stages=2,  # acc [BLOCK_M, D] fp32: 8 warps above 64 rows
     )
     return decode_reduce(mid_o, mid_lse, out)
 

@@ -1,0 +1,82 @@
+"""Where a 256-token mixed step's GPU time goes (dummy Qwen3-30B-A3B, fp16, seeded routing, B=8 decodes at 4k plus a
+248-token prompt chunk, as a CUDA graph replay): torch.profiler's kernel times, grouped by kernel name.
+
+    python benchmarks/profile_mixed_step.py [--batch 8] [--context 4096] [--out FILE.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from backend.sampling import SamplingParams  # noqa: E402
+from benchmarks.bench_engine import dummy_engine  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--context", type=int, default=4096)
+    p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--tile-rows", type=int, help="the tiles kernel's (token, head) rows (kernels.paged_attention)")
+    p.add_argument("--out")
+    a = p.parse_args()
+    if a.tile_rows:
+        import kernels.paged_attention as pa
+        pa.TILE_ROWS = a.tile_rows
+    engine = dummy_engine("qwen3-30b-a3b", "fp16", kv_budget_bytes=16 << 30, max_num_seqs=64,
+                          cuda_graph_max_tokens=a.tokens)
+    cache = engine.cache
+
+    def synthetic(prompt_len, cached, max_tokens):
+        rid = engine.add_request(None, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
+                                 prompt_ids=[1] * prompt_len)
+        seq = engine.requests[rid]
+        cache.allocate(seq.kv, cached)
+        seq.kv.num_tokens = cached
+        engine.waiting.remove(seq)
+        engine.running.append(seq)
+        return rid
+
+    for _ in range(a.batch):
+        synthetic(a.context, a.context - 1, 100)
+    chunk = a.tokens - a.batch
+
+    def mixed_step():
+        rid = synthetic(a.context + chunk, a.context, 1)
+        engine.step()
+        engine.abort(rid)
+
+    for _ in range(3):  # captures, warms up
+        mixed_step()
+    torch.cuda.synchronize()
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            mixed_step()
+        torch.cuda.synchronize()
+    by_name = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            by_name[e.name][0] += e.device_time_total / 5 / 1e3  # ms per step
+            by_name[e.name][1] += 1 / 5
+    rows = sorted(({"kernel": k[:90], "ms_per_step": v[0], "launches_per_step": v[1]} for k, v in by_name.items()),
+                  key=lambda r: -r["ms_per_step"])
+    total = sum(r["ms_per_step"] for r in rows)
+    print(f"GPU time per step {total:.2f} ms in {sum(r['launches_per_step'] for r in rows):.0f} kernels")
+    for r in rows[:25]:
+        print(f"{r['ms_per_step']:7.3f} ms {r['launches_per_step']:6.0f}x  {r['kernel']}")
+    if a.out:
+        Path(a.out).write_text(json.dumps({"batch": a.batch, "context": a.context, "tokens": a.tokens,
+                                           "gpu_ms_per_step": total, "kernels": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
