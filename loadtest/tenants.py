@@ -9,8 +9,8 @@
                                   # OpenAI front's /v1/completions)
         model: smollm2
         prompt:
-          source: synthetic       # synthetic | file
-          words: {dist: uniform, min: 16, max: 48}    # or an int; synthetic prompts only
+          source: synthetic       # synthetic | file | document | conversation
+          words: {dist: uniform, min: 16, max: 48}    # or an int; synthetic, document and conversation prompts
           prefix: "Answer briefly: "
           # key: shared            # tenants with the same key get the same prompt sequence (A/B runs)
           # path: prompts.jsonl   # source: file; .jsonl ({"prompt"|"text": ...}) or .txt (one per line)
@@ -27,10 +27,18 @@ are reproducible from its seed whatever the timing; so are which requests are ca
 which bad request k is (`invalid` kinds in turn: INVALID_KINDS, made by `make_invalid`). Lengths are in
 words (the load generator has no tokenizer); the server's own `num_input_tokens` is recorded with every
 request.
+
+Long-context tenants read real text (`path`, default the repository's WikiText-2 test set; seeded windows of
+it, the text repeated past its end with its paragraphs in another seeded order):
+- `document`: question answering over a document of `words` words, then a short question;
+- `conversation`: multi-turn chat whose history grows: `turns` turns a session, each adding a user message and
+  an assistant reply of about `words` words each; prompt k is turn k % turns of session k // turns (its history
+  and the new message, as plain text), so a session's prompts grow by two messages a turn.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from dataclasses import dataclass, field
@@ -42,7 +50,12 @@ PROTOCOLS = ("grpc", "http", "openai")
 
 _TENANT_KEYS = {"name", "weight", "fixed_count", "model", "protocol", "prompt", "max_tokens", "sampling", "slo",
                 "think_time_s", "cancel", "invalid"}
-_PROMPT_KEYS = {"source", "words", "prefix", "path", "key"}
+_PROMPT_KEYS = {"source", "words", "prefix", "path", "key", "turns"}
+# the real text long-context tenants read by default (the repository's copy of WikiText-2 test, with its README)
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "wikitext-2-raw" / "wiki.test.raw"
+QUESTIONS = ("What is the main subject of this document?", "Who is mentioned first in the document?",
+             "In which year does the document's earliest event take place?", "Summarise the last paragraph.",
+             "Which places does the document name?", "What happened at the end of the document?")
 _SLO_KEYS = {"ttft_ms", "tpot_ms", "e2e_ms"}
 _CANCEL_KEYS = {"share", "after_tokens"}
 
@@ -155,6 +168,32 @@ class PromptSource:
     path: str | None = None
     items: tuple[str, ...] = ()  # prompts loaded from `path`
     key: str | None = None  # names the prompt sequence (default: the tenant name)
+    turns: int = 1  # conversation: turns a session
+
+
+@functools.lru_cache(maxsize=4)
+def corpus_paragraphs(path: str) -> tuple[tuple[str, ...], ...]:
+    """The text's paragraphs (non-empty lines, WikiText's " = Heading = " lines dropped) as word tuples."""
+    with open(path, encoding="utf-8") as f:
+        paragraphs = tuple(tuple(line.split()) for line in f if line.strip() and not line.strip().startswith("="))
+    if not paragraphs:
+        raise ValueError(f"{path} holds no text")
+    return paragraphs
+
+
+def corpus_words(path: str, n: int, rng: random.Random) -> str:
+    """`n` words of real text from a seeded paragraph on, continuing through the text in a seeded order of its
+    paragraphs (the variation when it must repeat)."""
+    paragraphs = corpus_paragraphs(path)
+    order = list(range(len(paragraphs)))
+    rng.shuffle(order)
+    start = rng.randrange(len(order))
+    words: list[str] = []
+    i = 0
+    while len(words) < n:
+        words += paragraphs[order[(start + i) % len(order)]]
+        i += 1
+    return " ".join(words[:n])
 
 
 def _load_prompt_file(path: Path) -> tuple[str, ...]:
@@ -212,6 +251,19 @@ class Tenant:
             order = list(range(len(p.items)))
             random.Random(f"{self.seed}/{key}/order").shuffle(order)
             text = p.prefix + p.items[order[k % len(order)]]
+        elif p.source == "document":
+            document = corpus_words(p.path, max(1, p.words.sample(rng)), rng)
+            text = f"{p.prefix}{document}\n\nQuestion: {rng.choice(QUESTIONS)}\nAnswer briefly:"
+        elif p.source == "conversation":
+            session, turn = divmod(k, p.turns)
+            srng = random.Random(f"{self.seed}/{key}/session/{session}")  # the session's history, whatever k
+            lines = []
+            for t in range(turn + 1):
+                lines.append("User: " + corpus_words(p.path, max(1, p.words.sample(srng)), srng))
+                reply = "Assistant: " + corpus_words(p.path, max(1, p.words.sample(srng)), srng)
+                if t < turn:
+                    lines.append(reply)
+            text = p.prefix + "\n".join(lines) + "\nAssistant:"
         else:
             n = max(1, p.words.sample(rng))
             words = []
@@ -302,11 +354,24 @@ def parse_tenants(doc: dict, base_dir: Path | None = None, seed: int | None = No
             ppath = ppath if ppath.is_absolute() else base_dir / ppath
             prompt = PromptSource("file", prefix=pspec.get("prefix", ""), path=str(ppath),
                                   items=_load_prompt_file(ppath), key=pspec.get("key"))
-        elif source == "synthetic":
+        elif source in ("synthetic", "document", "conversation"):
             words = Dist.parse(pspec.get("words", {"dist": "uniform", "min": 16, "max": 48}), f"{what} prompt.words")
-            prompt = PromptSource("synthetic", words=words, prefix=pspec.get("prefix", ""), key=pspec.get("key"))
+            path = None
+            if source != "synthetic":
+                path = Path(pspec["path"]) if pspec.get("path") else CORPUS
+                path = path if path.is_absolute() else base_dir / path
+                try:
+                    corpus_paragraphs(str(path))  # fails here, with the path, if it cannot be read
+                except OSError as e:
+                    raise ValueError(f"{what}: prompt text {path} cannot be read: {e.strerror}") from None
+            turns = int(pspec.get("turns", 4 if source == "conversation" else 1))
+            if turns < 1:
+                raise ValueError(f"{what}: prompt.turns must be at least 1")
+            prompt = PromptSource(source, words=words, prefix=pspec.get("prefix", ""), key=pspec.get("key"),
+                                  path=None if path is None else str(path), turns=turns)
         else:
-            raise ValueError(f"{what}: prompt source must be 'synthetic' or 'file', got {source!r}")
+            raise ValueError(f"{what}: prompt source must be synthetic, file, document or conversation, "
+                             f"got {source!r}")
         slo = dict(spec.get("slo") or {})
         extra = set(slo) - _SLO_KEYS
         if extra:

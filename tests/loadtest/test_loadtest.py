@@ -472,3 +472,37 @@ def test_shared_prompt_key_and_kv_benchmark_repository(tmp_path):
         assert f'name: "{m}"' in (repo / m / "config.pbtxt").read_text()
     with pytest.raises(SystemExit):
         build_repository(["nomodel_fp16"], tmp_path / "x")
+
+
+def test_long_context_tenants_give_the_requested_lengths():
+    """loadtest/tenants_long.yaml (issue 36): documents of the requested words of real text and a question;
+    conversations whose prompts grow by one exchange a turn within a session; deterministic."""
+    from loadtest.tenants import CORPUS, QUESTIONS, corpus_paragraphs
+
+    doc, chat = load_tenants(REPO / "loadtest" / "tenants_long.yaml").tenants
+    assert (doc.prompt.source, chat.prompt.source, chat.prompt.turns) == ("document", "conversation", 8)
+    corpus = {w for p in corpus_paragraphs(str(CORPUS)) for w in p}
+    for k in range(6):
+        text, _, words = doc.request(k)
+        body, question = text.split("\n\nQuestion: ")
+        assert 12000 <= len(body.split()) <= 24000 and question.removesuffix("\nAnswer briefly:") in QUESTIONS
+        assert set(body.split()) <= corpus and words == len(text.split())
+        assert doc.request(k) == (text, doc.request(k)[1], words)  # a pure function of k
+    prompts = [chat.request(k)[0] for k in range(10)]
+    for k, p in enumerate(prompts):
+        turn = k % 8
+        assert p.count("User: ") == turn + 1 and p.count("Assistant: ") == turn and p.endswith("\nAssistant:")
+        assert all(200 <= len(line.split()) - 1 <= 600 for line in p.splitlines()[:-1])  # each message's words
+        if turn:  # the same session: the history of the previous turn, one reply and one user message more
+            history = prompts[k - 1].removesuffix("\nAssistant:")
+            assert p.startswith(history + "\nAssistant: ")
+    assert prompts[8].count("User: ") == 1 and prompts[8] != prompts[0]  # the next session starts anew
+
+
+def test_long_context_sources_are_validated(tmp_path):
+    with pytest.raises(ValueError, match="cannot be read"):
+        parse_tenants({"defaults": {"model": "m"}, "tenants": [
+            {"name": "d", "prompt": {"source": "document", "path": str(tmp_path / "missing.txt")}}]})
+    with pytest.raises(ValueError, match="turns"):
+        parse_tenants({"defaults": {"model": "m"}, "tenants": [
+            {"name": "c", "prompt": {"source": "conversation", "turns": 0}}]})
