@@ -19,7 +19,7 @@ unchanged) and each routed expert's down projection is multiplied by k; the shar
 0.5) and the shared down projection doubled. The MoE computes the sum of the chosen neurons within ~1%.
 
   alrkvd-moefy build [--out DIR]          # what `make setup` runs
-  alrkvd-moefy fit --shared 512 --experts 64 --top-k 16 [--tokens N]
+  alrkvd-moefy fit --shared 512 --experts 128 --top-k 32 [--tokens N]   # the committed split (8-neuron experts)
 """
 from __future__ import annotations
 
@@ -224,8 +224,8 @@ def main(argv=None):
     b.add_argument("--out", default=None, help=f"default: {models_dir()}/{NAME}")
     f = sub.add_parser("fit", help="make the split file from calibration text")
     f.add_argument("--shared", type=int, default=512, help="neurons of the shared expert")
-    f.add_argument("--experts", type=int, default=64, help="routed experts (a power of two)")
-    f.add_argument("--top-k", type=int, default=16)
+    f.add_argument("--experts", type=int, default=128, help="routed experts (a power of two)")
+    f.add_argument("--top-k", type=int, default=32)
     f.add_argument("--tokens", type=int, default=32768, help="calibration tokens of WikiText-2 validation")
     f.add_argument("--out", default=SPLIT_FILE)
     a = p.parse_args(argv)

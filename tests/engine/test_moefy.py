@@ -38,7 +38,7 @@ def test_build_is_deterministic(folder, split, tmp_path):
 
 def test_logits_match_transformers(folder):
     engine = LLMEngine(EngineArgs(model=moefy.NAME, kv_format="full", max_num_seqs=1))
-    assert engine.cfg.model_type == "qwen2_moe" and engine.cfg.num_experts == 64
+    assert engine.cfg.model_type == "qwen2_moe" and engine.cfg.num_experts == 128
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     ids = engine.tokenizer.encode("The capital of France is Paris. In 1905, Albert Einstein published four papers "
                                   "that changed physics. def fibonacci(n):\n    return n if n < 2 else" * 2)
@@ -48,7 +48,7 @@ def test_logits_match_transformers(folder):
     torch.testing.assert_close(ours, ref, atol=ATOL_FP32, rtol=0)
     assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() > 0.99
     counts = engine.routing_counts()  # what /metrics reports: every token's k experts, in every layer
-    assert counts.shape == (30, 64) and (counts.sum(1) == len(ids) * 16).all()
+    assert counts.shape == (30, 128) and (counts.sum(1) == len(ids) * 32).all()
 
 
 def test_moe_layer_is_the_sum_of_the_chosen_neurons(folder, split):
