@@ -123,6 +123,21 @@ def merge_if_last(Ticket, num_programs, num_partials, Mid_o_row, Mid_lse_row, Ou
 
 
 @triton.jit
+def load_kv_tile(bt_row, k_head, v_head, start_n, end, offs_n, offs_d, mask_d,
+                 stride_kn, stride_kt, stride_vn, stride_vt, PAGE_SIZE: tl.constexpr):
+    """The keys and values [BLOCK_N, BLOCK_D] of tokens start_n + offs_n (those below `end`) of one kv head, gathered
+    through the sequence's block table row: (token positions, their mask, k, v)."""
+    tok = start_n + offs_n
+    mask_n = tok < end
+    block = tl.load(bt_row + tok // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+    slot = tok % PAGE_SIZE
+    kv_mask = mask_n[:, None] & mask_d[None, :]
+    k = tl.load(k_head + (block * stride_kn + slot * stride_kt)[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(v_head + (block * stride_vn + slot * stride_vt)[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    return tok, mask_n, k, v
+
+
+@triton.jit
 def _paged_decode_stage1(
     # Pointers to tensors
     Q, K_cache, V_cache, Block_tables, Seq_lens, Mid_o, Mid_lse,
@@ -178,16 +193,8 @@ def _paged_decode_stage1(
     k_head = K_cache + pid_kvh.to(tl.int64) * stride_kh
     v_head = V_cache + pid_kvh.to(tl.int64) * stride_vh
     for start_n in range(start, end, BLOCK_N):
-        # -- gather the tile's tokens through the block table
-        tok = start_n + offs_n
-        mask_n = tok < end
-        block = tl.load(bt_row + tok // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
-        slot = tok % PAGE_SIZE
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_head + (block * stride_kn + slot * stride_kt)[:, None] + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
-        v = tl.load(v_head + (block * stride_vn + slot * stride_vt)[:, None] + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
+        _, mask_n, k, v = load_kv_tile(bt_row, k_head, v_head, start_n, end, offs_n, offs_d, mask_d,
+                                       stride_kn, stride_kt, stride_vn, stride_vt, PAGE_SIZE)
 
         # -- online softmax over the tile, all query heads of the group at once
         s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * qk_scale  # fp32, log2 units
@@ -475,15 +482,8 @@ def _paged_tiles_stage1(
     k_head = K_cache + pid_kvh.to(tl.int64) * stride_kh
     v_head = V_cache + pid_kvh.to(tl.int64) * stride_vh
     for start_n in range(start, end, BLOCK_N):
-        tok = start_n + offs_n
-        mask_n = tok < end
-        block = tl.load(bt_row + tok // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
-        slot = tok % PAGE_SIZE
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_head + (block * stride_kn + slot * stride_kt)[:, None] + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
-        v = tl.load(v_head + (block * stride_vn + slot * stride_vt)[:, None] + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
+        tok, mask_n, k, v = load_kv_tile(bt_row, k_head, v_head, start_n, end, offs_n, offs_d, mask_d,
+                                         stride_kn, stride_kt, stride_vn, stride_vt, PAGE_SIZE)
         s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * qk_scale
         # causal: a row sees only its own context; a row may see nothing of this tile (its max stays -inf)
         s = tl.where(mask_n[None, :] & (tok[None, :] < limit[:, None]), s, float("-inf"))
