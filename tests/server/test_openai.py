@@ -11,7 +11,7 @@ import openai
 import pytest
 import requests
 
-from tests.server.server_checks import metric, scrape, wait_for
+from server_checks import assert_dropped_stream_frees_blocks
 
 GREEDY = {"temperature": 0, "seed": 0}
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -114,20 +114,6 @@ def test_bad_requests_get_openai_errors_and_the_next_one_succeeds(triton_server,
 
 
 def test_dropped_stream_cancels_the_request(client, triton_server):
-    model = triton_server.model
-    cancelled0 = metric(scrape(triton_server), "alrkvd:request_success_total", model, finished_reason="cancelled")
-    stream = client.chat.completions.create(model=model, messages=FRANCE, max_tokens=400, stream=True,
-                                            extra_body={"ignore_eos": True}, **GREEDY)
-    for i, _ in enumerate(stream):
-        if i == 3:
-            break
-    used_during = wait_for(lambda: metric(scrape(triton_server), "alrkvd:kv_cache_blocks_used", model) > 0, timeout=5)
-    stream.close()
-    assert used_during, "the running stream should hold KV blocks"
-
-    def freed():
-        s = scrape(triton_server)
-        return (metric(s, "alrkvd:kv_cache_blocks_used", model) == 0
-                and metric(s, "alrkvd:request_success_total", model, finished_reason="cancelled") == cancelled0 + 1)
-
-    assert wait_for(freed, timeout=30), "the dropped stream's request still holds its KV blocks"
+    assert_dropped_stream_frees_blocks(triton_server, lambda: client.chat.completions.create(
+        model=triton_server.model, messages=FRANCE, max_tokens=400, stream=True, extra_body={"ignore_eos": True},
+        **GREEDY), timeout=30)

@@ -16,7 +16,7 @@ import requests
 import tritonclient.grpc as grpcclient
 
 from client import ServerError, complete, stream
-from server_checks import CLOSE, metric, scrape, wait_for
+from server_checks import CLOSE, assert_dropped_stream_frees_blocks, metric, scrape, wait_for
 
 PROMPT = "Once upon a time, in a small village by the sea,"
 GREEDY = {"temperature": 0, "ignore_eos": True}
@@ -210,25 +210,10 @@ def test_moe_routing_on_metrics(triton_server):
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_cancelled_stream_frees_kv_blocks(triton_server, protocol):
-    model = triton_server.model
     url = triton_server.grpc_url if protocol == "grpc" else triton_server.http_url
-    before = scrape(triton_server)
-    cancelled0 = metric(before, "alrkvd:request_success_total", model, finished_reason="cancelled")
-    gen = stream(PROMPT, url=url, protocol=protocol, model=model, max_tokens=500, **GREEDY)
-    for i, _ in enumerate(gen):
-        if i == 3:
-            break
-    used_during = wait_for(lambda: metric(scrape(triton_server), "alrkvd:kv_cache_blocks_used", model) > 0,
-                           timeout=5)
-    gen.close()  # gRPC: stream cancel; HTTP: connection closed
-    assert used_during, "the running stream should hold KV blocks"
-
-    def freed():
-        s = scrape(triton_server)
-        return (metric(s, "alrkvd:kv_cache_blocks_used", model) == 0
-                and metric(s, "alrkvd:request_success_total", model, finished_reason="cancelled") == cancelled0 + 1)
-
-    assert wait_for(freed, timeout=20), "cancelled request did not free its KV blocks"
+    # closing the generator: gRPC stream cancel; HTTP: connection closed
+    assert_dropped_stream_frees_blocks(triton_server, lambda: stream(
+        PROMPT, url=url, protocol=protocol, model=triton_server.model, max_tokens=500, **GREEDY))
     assert_serves(triton_server)
 
 
