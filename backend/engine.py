@@ -129,6 +129,8 @@ class LLMEngine:
         if args.kv_format not in FORMATS and args.kv_format not in PRESETS:  # fail before the (slow) model load
             raise ValueError(f"unknown kv format {args.kv_format!r}; choose a format {sorted(FORMATS)} "
                              f"or a preset {sorted(PRESETS)}")
+        if args.moe_routing not in ("learned", "seeded"):
+            raise ValueError(f"moe_routing must be 'learned' or 'seeded', not {args.moe_routing!r}")
         if args.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', not {args.scheduling_policy!r}")
         if args.max_num_seqs > args.max_num_batched_tokens:
@@ -146,8 +148,6 @@ class LLMEngine:
         self.max_model_len = args.max_model_len or self.cfg.max_position_embeddings
         self.model.setup_rotary(self.max_model_len)
         self.moe_layers = [m for m in self.model.modules() if isinstance(m, MoE)]
-        if args.moe_routing not in ("learned", "seeded"):
-            raise ValueError(f"moe_routing must be 'learned' or 'seeded', not {args.moe_routing!r}")
         if args.moe_routing == "seeded":
             self.model.seed_routing(args.seed)
         most_tokens = max(args.max_num_batched_tokens, self.max_model_len)  # a step, or a `score` chunk
@@ -378,8 +378,9 @@ class LLMEngine:
         if not ready:
             return []
         logits = self.model.logits(hidden[[i for _, i in ready]])
-        if any(seq.matcher is not None for seq, _ in ready):
-            self.grammars.apply(logits, [seq.matcher for seq, _ in ready])
+        matchers = [seq.matcher for seq, _ in ready]
+        if any(m is not None for m in matchers):
+            self.grammars.apply(logits, matchers)
         new_ids = sample(logits, [s.params for s, _ in ready], [s.generator for s, _ in ready])
         return [self._fail(seq, f"sampling failed: {tok!r}") if isinstance(tok, Exception) else self._append(seq, tok)
                 for (seq, _), tok in zip(ready, new_ids)]
