@@ -133,14 +133,69 @@ class MoEAlignment(NamedTuple):
     block_size: int
 
 
+@triton.jit
+def _moe_align_kernel(Ids, Sorted, Expert_ids, Num_post_padded, numel, em,
+                      E: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """One program: count the pairs per expert, pad the runs, then place each pair at its expert's run
+    start + how many pairs of that expert came before it (a one-hot prefix sum per chunk of pairs)."""
+    e = tl.arange(0, BLOCK_E)
+    chunk = tl.arange(0, BLOCK)
+    counts = tl.zeros([BLOCK_E], dtype=tl.int32)
+    for start in range(0, numel, BLOCK):
+        ids = tl.load(Ids + start + chunk, mask=start + chunk < numel, other=-1)
+        counts += tl.sum((ids[:, None] == e[None, :]).to(tl.int32), axis=0)
+    padded = (counts + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+    tl.store(Num_post_padded, tl.sum(padded, axis=0))
+    # each M-tile's expert: how many runs end at or before the tile's start (-1 past the last run)
+    for start in range(0, em // BLOCK_SIZE, BLOCK):
+        tile_start = (start + chunk) * BLOCK_SIZE
+        before = tl.sum(((ends[None, :] <= tile_start[:, None]) & (e[None, :] < E)).to(tl.int32), axis=1)
+        tl.store(Expert_ids + start + chunk, tl.where(before < E, before, -1), mask=start + chunk < em // BLOCK_SIZE)
+    for start in range(0, em, BLOCK):
+        tl.store(Sorted + start + chunk, numel, mask=start + chunk < em)
+    tl.debug_barrier()  # the padding is written before any pair
+    seen = tl.zeros([BLOCK_E], dtype=tl.int32)
+    for start in range(0, numel, BLOCK):
+        ids = tl.load(Ids + start + chunk, mask=start + chunk < numel, other=-1)
+        onehot = (ids[:, None] == e[None, :]).to(tl.int32)
+        before = tl.cumsum(onehot, axis=0) - onehot  # earlier pairs of the same expert in this chunk
+        dest = tl.sum(onehot * ((starts + seen)[None, :] + before), axis=1)
+        tl.store(Sorted + dest, start + chunk, mask=start + chunk < numel)
+        seen += tl.sum(onehot, axis=0)
+
+
+# One program walks every pair: cheaper than a sort and some twenty small kernels for a step's few
+# thousand pairs (CUDA-graph steps), slower than the sort for long prompts.
+ALIGN_KERNEL_MAX_PAIRS = 4096
+
+
 def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> MoEAlignment:
     """Sort the pairs of `topk_ids [T, top_k]` by expert, each expert's run padded to a multiple of
-    `block_size`. Static output sizes (EM = T*top_k + E*(block_size-1), rounded up), no host sync.
+    `block_size`, pairs of one expert in their order. Static output sizes (EM = T*top_k + E*(block_size-1),
+    rounded up), no host sync. One Triton launch up to ALIGN_KERNEL_MAX_PAIRS pairs, else `moe_align_ref`.
 
     Example: topk_ids [[2, 0], [2, 1]] (pairs 0..3), block_size 2, 3 experts ->
         sorted_token_ids [1, 4, 3, 4, 0, 2, ...padding 4]   (expert 0: pair 1; 1: pair 3; 2: pairs 0, 2)
         expert_ids       [0, 1, 2, -1, ...]                 num_tokens_post_padded [6]
     """
+    numel = topk_ids.numel()
+    if numel > ALIGN_KERNEL_MAX_PAIRS:
+        return moe_align_ref(topk_ids, block_size, num_experts)
+    em = triton.cdiv(numel + num_experts * (block_size - 1), block_size) * block_size
+    device = topk_ids.device
+    sorted_token_ids = torch.empty(em, dtype=torch.int32, device=device)
+    expert_ids = torch.empty(em // block_size, dtype=torch.int32, device=device)
+    num_post_padded = torch.empty(1, dtype=torch.int32, device=device)
+    _moe_align_kernel[(1,)](topk_ids.contiguous(), sorted_token_ids, expert_ids, num_post_padded, numel, em,
+                            E=num_experts, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK=64,
+                            BLOCK_SIZE=block_size, num_warps=4)
+    return MoEAlignment(sorted_token_ids, expert_ids, num_post_padded, block_size)
+
+
+def moe_align_ref(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> MoEAlignment:
+    """`moe_align_block_size` in PyTorch (a stable sort), for any device and size."""
     device = topk_ids.device
     flat = topk_ids.reshape(-1).long()
     numel = flat.numel()

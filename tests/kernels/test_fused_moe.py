@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernels.fused_moe import (block_size_m, fused_moe, fused_moe_pass, fused_moe_ref,  # noqa: E402
-                               moe_align_block_size, reduce_pairs)
+                               moe_align_block_size, moe_align_ref, reduce_pairs)
 
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 
@@ -57,6 +57,17 @@ def test_align_invariants(T, top_k, E, block):
     flat = ids.reshape(-1).tolist()
     for tile, e in enumerate(a.expert_ids[: used // block].tolist()):  # one expert per tile
         assert all(flat[p] == e for p in sorted_ids[tile * block:(tile + 1) * block] if p < numel)
+
+
+@pytest.mark.parametrize("T, top_k, E, block, dtype", [(1, 8, 128, 16, torch.int64), (33, 8, 60, 16, torch.int32),
+                                                     (200, 2, 8, 64, torch.int64), (7, 3, 5, 4, torch.int32)])
+def test_align_kernel_equals_the_sort(T, top_k, E, block, dtype):
+    # chunks of 64 pairs (33 x 8 and 200 x 2 take several), experts not a power of two, int32 and int64 ids
+    g = torch.Generator().manual_seed(T)
+    ids = torch.randint(0, E, (T, top_k), generator=g).to(dtype).to(DEVICE)  # repeats within a token too
+    got, ref = moe_align_block_size(ids, block, E), moe_align_ref(ids, block, E)
+    for a, b in zip(got[:3], ref[:3]):
+        assert a.dtype == b.dtype and a.tolist() == b.tolist()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
