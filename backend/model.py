@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from backend.config import ModelConfig
-from kernels.moe_reference import grouped_experts
+from kernels.moe_reference import grouped_experts, moe_route_ref
 
 
 class RMSNorm(nn.Module):
@@ -23,8 +23,19 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and x.dim() == 2:  # one launch instead of four
+            from kernels.norms import rms_norm
+            return rms_norm(x, self.weight, self.eps)
         # in fp32, cast back before the weight, as HF does
         return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + residual, the norm of that sum): a pre-norm block's residual stream."""
+        if x.is_cuda:
+            from kernels.norms import rms_norm
+            return rms_norm(x, self.weight, self.eps, residual)
+        x = x + residual
+        return x, self(x)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -93,15 +104,21 @@ class Attention(nn.Module):
     def forward(self, x, rope, kv_cache, batch) -> torch.Tensor:
         """rope: the step's (cos, sin) from `Rotary.at`."""
         T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
-        if self.qk_norm == "full":
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = q.view(T, self.num_heads, self.head_dim)
-        k = k.view(T, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split(self.qkv_sizes, dim=-1)
         v = v.view(T, self.num_kv_heads, self.head_dim)
-        if self.qk_norm == "head":
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k_rot = Rotary.rotate(q, *rope), Rotary.rotate(k, *rope)
+        if qkv.is_cuda and self.qk_norm != "full":  # per-head norms and RoPE in one launch
+            from kernels.norms import qk_norm_rope
+            norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else (None, None, 0.0)
+            q, k, k_rot = qk_norm_rope(qkv, self.num_heads, self.num_kv_heads, self.head_dim, *norms, *rope)
+        else:
+            if self.qk_norm == "full":
+                q, k = self.q_norm(q), self.k_norm(k)
+            q = q.view(T, self.num_heads, self.head_dim)
+            k = k.view(T, self.num_kv_heads, self.head_dim)
+            if self.qk_norm == "head":
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k_rot = Rotary.rotate(q, *rope), Rotary.rotate(k, *rope)
         # The cache gets both key forms: its format decides whether it stores keys before RoPE.
         out = kv_cache.attend(self.layer_id, q, k, k_rot, v, batch)  # [T, Hq, D]
         return self.o_proj(out.reshape(T, -1))
@@ -145,15 +162,13 @@ class MoE(nn.Module):
         self.routed_ones = None    # ones to add, as many as a step's (token, expert) pairs (shared by layers)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)
-        if self.seeded_routes is not None:  # the experts from the token's bucket, their weights from the router
-            ids = self.seeded_routes[self.route_keys]
-            weights = probs.gather(1, ids)
-        else:
-            weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(-1, keepdim=True)
-        return weights.to(x.dtype), ids
+        """(weights [T, top_k] in x's dtype, expert ids [T, top_k]). Seeded: the experts of the token's
+        bucket, their weights from the router."""
+        seeded = (self.seeded_routes, self.route_keys) if self.seeded_routes is not None else ()
+        if x.is_cuda:  # one launch instead of some six
+            from kernels.fused_moe import moe_route
+            return moe_route(self.gate(x), self.top_k, self.norm_topk_prob, *seeded)
+        return moe_route_ref(self.gate(x), self.top_k, self.norm_topk_prob, *seeded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
@@ -203,9 +218,17 @@ class Block(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, rope, kv_cache, batch):
-        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, h, residual, rope, kv_cache, batch):
+        """Pre-norm block on the residual stream: takes the previous block's output `h` not yet added to
+        `residual` (None for the first block), returns this block's (h, residual), so that each add
+        goes with the norm after it."""
+        if residual is None:
+            residual, x = h, self.input_layernorm(h)
+        else:
+            residual, x = self.input_layernorm.add_and_norm(h, residual)
+        h = self.self_attn(x, rope, kv_cache, batch)
+        residual, x = self.post_attention_layernorm.add_and_norm(h, residual)
+        return self.mlp(x), residual
 
 
 class Transformer(nn.Module):
@@ -246,9 +269,10 @@ class Transformer(nn.Module):
             for layer in self.layers:
                 if isinstance(layer.mlp, MoE):
                     layer.mlp.route_keys = keys
+        residual = None
         for layer in self.layers:
-            x = layer(x, rope, kv_cache, batch)
-        return self.norm(x)
+            x, residual = layer(x, residual, rope, kv_cache, batch)
+        return self.norm.add_and_norm(x, residual)[1]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

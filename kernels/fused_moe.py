@@ -216,6 +216,56 @@ def moe_align_ref(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> 
     return MoEAlignment(sorted_token_ids, expert_ids, ends[-1:].to(torch.int32), block_size)
 
 
+@triton.jit
+def _route_kernel(Logits, Routes, Keys, Weights, Ids, E, stride_logits,
+                  TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+                  SEEDED: tl.constexpr, NORMALIZE: tl.constexpr):
+    """One program per token: softmax over the experts in fp32, then the top k (or the experts of the
+    token's row of Routes, with their probabilities), renormalized over the k when asked."""
+    t = tl.program_id(0)
+    e = tl.arange(0, BLOCK_E)
+    k = tl.arange(0, BLOCK_K)
+    x = tl.load(Logits + t * stride_logits + e, mask=e < E, other=-float("inf")).to(tl.float32)
+    p = tl.exp(x - tl.max(x, axis=0))
+    p = p / tl.sum(p, axis=0)
+    if SEEDED:
+        key = tl.load(Keys + t)
+        ids = tl.load(Routes + key * TOP_K + k, mask=k < TOP_K, other=-1).to(tl.int64)
+        w = tl.sum(tl.where(ids[:, None] == e[None, :], p[None, :], 0.0), axis=1)
+    else:
+        ids = tl.zeros([BLOCK_K], dtype=tl.int64)
+        w = tl.zeros([BLOCK_K], dtype=tl.float32)
+        left = tl.where(e < E, p, -1.0)
+        for j in tl.static_range(TOP_K):
+            best = tl.argmax(left, axis=0)
+            ids = tl.where(k == j, best.to(tl.int64), ids)
+            w = tl.where(k == j, tl.max(left, axis=0), w)
+            left = tl.where(e == best, -1.0, left)
+    if NORMALIZE:
+        w = w / tl.sum(tl.where(k < TOP_K, w, 0.0), axis=0)
+    tl.store(Weights + t * TOP_K + k, w.to(Weights.dtype.element_ty), mask=k < TOP_K)
+    tl.store(Ids + t * TOP_K + k, ids, mask=k < TOP_K)
+
+
+def moe_route(logits: torch.Tensor, top_k: int, normalize: bool, routes: torch.Tensor | None = None,
+              keys: torch.Tensor | None = None):
+    """Router logits [T, E] -> (weights [T, top_k] in the logits' dtype, ids [T, top_k] int64), in one
+    launch: softmax in fp32, the top k (ties: the lower expert), weights renormalized to sum 1 when
+    `normalize`. Seeded routing: token t takes the experts `routes[keys[t]]` ([buckets, top_k]) instead
+    of its top k, their weights from the softmax all the same. Equals kernels.moe_reference.moe_route_ref."""
+    T, E = logits.shape
+    assert logits.stride(1) == 1
+    weights = torch.empty(T, top_k, dtype=logits.dtype, device=logits.device)
+    ids = torch.empty(T, top_k, dtype=torch.int64, device=logits.device)
+    seeded = routes is not None
+    if seeded:
+        assert routes.is_contiguous() and routes.shape[1] == top_k and keys.shape == (T,)
+    _route_kernel[(T,)](logits, routes if seeded else ids, keys if seeded else ids, weights, ids, E,
+                        logits.stride(0), TOP_K=top_k, BLOCK_E=triton.next_power_of_2(E),
+                        BLOCK_K=triton.next_power_of_2(top_k), SEEDED=seeded, NORMALIZE=normalize, num_warps=4)
+    return weights, ids
+
+
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
@@ -273,7 +323,7 @@ def fused_moe_pass(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
 
 def reduce_pairs(pairs: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
     """out[t] = sum of the token's top_k rows of `pairs`, summed in fp32."""
-    return pairs.view(-1, top_k, pairs.shape[1]).float().sum(1).to(dtype)
+    return pairs.view(-1, top_k, pairs.shape[1]).sum(1, dtype=torch.float32).to(dtype)
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,

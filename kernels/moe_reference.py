@@ -1,11 +1,24 @@
-"""Mixture of experts in PyTorch, no Triton: `grouped_experts`, the CPU path of the engine's MoE layers
-(backend/model.py, backend/experts.py) and the baseline of the fused kernel's benchmark (kernels/fused_moe.py).
+"""Mixture of experts in PyTorch, no Triton: `moe_route_ref` and `grouped_experts`, the CPU path of the engine's
+MoE layers (backend/model.py, backend/experts.py) and the references of the Triton kernels (kernels/fused_moe.py).
 Nothing runs at import.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+
+def moe_route_ref(logits, top_k, normalize, routes=None, keys=None):
+    """Router logits [T, E] -> (weights [T, top_k], ids): see kernels.fused_moe.moe_route."""
+    probs = F.softmax(logits, dim=-1, dtype=torch.float32)
+    if routes is not None:
+        ids = routes[keys]
+        weights = probs.gather(1, ids)
+    else:
+        weights, ids = torch.topk(probs, top_k, dim=-1)
+    if normalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return weights.to(logits.dtype), ids
 
 
 def grouped_experts(x, weights, ids, num_experts: int, expert_weights):

@@ -1,4 +1,5 @@
-"""Every supported family against transformers on tiny random checkpoints written by the test."""
+"""Every supported family against transformers on tiny random checkpoints written by the test; on CUDA also the
+engine on the GPU (in float32), where its Triton kernels (norms, RoPE, MoE, paged attention) replace PyTorch."""
 import pytest
 import torch
 import transformers
@@ -28,24 +29,29 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(scope="module", params=[(f, d) for f in sorted(CONFIGS) for d in DEVICES], ids="-".join)
 def checkpoint(request, tmp_path_factory):
+    family, device = request.param
     torch.manual_seed(0)
-    ref = transformers.AutoModelForCausalLM.from_config(CONFIGS[request.param]()).eval()
+    ref = transformers.AutoModelForCausalLM.from_config(CONFIGS[family]()).eval()
     with torch.no_grad():  # random init is tiny; widen it so routing and attention are not trivial
         for name, p in ref.named_parameters():
             if "norm" not in name:
                 p.normal_(0, 0.2)
-    folder = tmp_path_factory.mktemp(request.param)
+    folder = tmp_path_factory.mktemp(family)
     ref.save_pretrained(folder)
-    engine = LLMEngine(EngineArgs(model=str(folder), tokenizer="default", kv_format="full"))
-    return request.param, ref, engine
+    engine = LLMEngine(EngineArgs(model=str(folder), tokenizer="default", kv_format="full", device=device,
+                                  dtype="float32"))
+    return family, ref, engine
 
 
 def test_logits_match_transformers(checkpoint):
     family, ref, engine = checkpoint
     ids = torch.randint(0, 49152, (150,), generator=torch.Generator().manual_seed(1)).tolist()
-    ours = engine.score(ids, chunk_size=40)
+    ours = engine.score(ids, chunk_size=40).cpu()
     with torch.no_grad():
         expected = ref(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(ours, expected, atol=ATOL_FP32, rtol=1e-4)

@@ -13,7 +13,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernels.fused_moe import (block_size_m, fused_moe, fused_moe_pass, fused_moe_ref,  # noqa: E402
-                               moe_align_block_size, moe_align_ref, reduce_pairs)
+                               moe_align_block_size, moe_align_ref, moe_route, reduce_pairs)
+from kernels.moe_reference import moe_route_ref  # noqa: E402
 
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 
@@ -68,6 +69,24 @@ def test_align_kernel_equals_the_sort(T, top_k, E, block, dtype):
     got, ref = moe_align_block_size(ids, block, E), moe_align_ref(ids, block, E)
     for a, b in zip(got[:3], ref[:3]):
         assert a.dtype == b.dtype and a.tolist() == b.tolist()
+
+
+@pytest.mark.parametrize("E, top_k, normalize", [(128, 8, True), (60, 4, False), (8, 2, True)])
+@pytest.mark.parametrize("seeded", [False, True])
+def test_route_equals_softmax_topk(E, top_k, normalize, seeded):
+    g = torch.Generator().manual_seed(E)
+    T = 6
+    logits = (torch.randn(T, E + 3, generator=g) * 2)[:, :E].to(DEVICE)  # a row stride of E + 3
+    seed = ()
+    if seeded:  # the experts of each token's bucket
+        routes = torch.stack([torch.randperm(E, generator=g)[:top_k] for _ in range(5)]).to(DEVICE)
+        seed = (routes, torch.tensor([4, 0, 2, 2, 1, 3]).to(DEVICE))
+    weights, ids = moe_route(logits, top_k, normalize, *seed)
+    ref_weights, ref_ids = moe_route_ref(logits, top_k, normalize, *seed)
+    assert ids.dtype == ref_ids.dtype and ids.tolist() == ref_ids.tolist()
+    torch.testing.assert_close(weights, ref_weights, atol=1e-6, rtol=1e-5)
+    fp16 = moe_route(logits.half(), top_k, normalize, *seed)[0]  # the weights in the logits' dtype
+    assert fp16.dtype == torch.float16
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

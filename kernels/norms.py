@@ -1,0 +1,132 @@
+"""Fused RMSNorm kernels (Triton): the small steps around each layer's GEMMs in one launch each.
+
+A decode step of a 48-layer MoE is launch-bound: every RMSNorm in PyTorch is four kernels (cast to
+fp32, norm, cast back, weight), and a Qwen3 attention block adds a per-head norm of q and k and
+RoPE's multiplies, roll and add. These kernels keep the PyTorch path's roundings (HF's: normalize in
+fp32, round to the model dtype, then multiply by the weight; RoPE's products and sum each rounded).
+
+    rms_norm(x, weight, eps, residual=None)       x [T, N]; with residual: (x + residual, its norm)
+    qk_norm_rope(qkv, ..., cos, signed_sin)       qkv [T, (Hq + 2 Hkv) D] -> q, k, k_rot (RoPE'd)
+
+`signed_sin` is backend.model.Rotary's: rotate_half(x) * sin == roll(x, D/2) * [-sin, sin].
+References: `rms_norm_ref`, `qk_norm_rope_ref`. Nothing runs at import.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(X, Residual, W, Out, Sum, N, eps, stride_x, stride_r,
+                     HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program per row; with a residual the row is x + residual (rounded), also stored in Sum."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < N
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(Residual + row * stride_r + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(Sum.dtype.element_ty)
+        tl.store(Sum + row * N + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    inv_rms = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
+    y = (xf * inv_rms).to(Out.dtype.element_ty)
+    w = tl.load(W + cols, mask=mask, other=0.0)
+    tl.store(Out + row * N + cols, (w.to(tl.float32) * y.to(tl.float32)).to(Out.dtype.element_ty), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """RMSNorm of the rows of `x [T, N]` (row stride free, last dim contiguous). With `residual`:
+    returns (x + residual, RMSNorm of that sum), the pre-norm residual stream in one launch."""
+    T, N = x.shape
+    assert x.stride(1) == 1 and weight.is_contiguous() and weight.shape == (N,)
+    out = torch.empty(T, N, dtype=x.dtype, device=x.device)
+    total = torch.empty_like(out) if residual is not None else out
+    if residual is not None:
+        assert residual.shape == x.shape and residual.stride(1) == 1
+    _rms_norm_kernel[(T,)](x, residual if residual is not None else x, weight, out, total, N, eps,
+                           x.stride(0), residual.stride(0) if residual is not None else 0,
+                           HAS_RESIDUAL=residual is not None, BLOCK_N=triton.next_power_of_2(N),
+                           num_warps=8 if N >= 2048 else 4)
+    return (total, out) if residual is not None else out
+
+
+def rms_norm_ref(x, weight, eps, residual=None):
+    """The PyTorch path (backend.model.RMSNorm)."""
+    if residual is not None:
+        x = x + residual
+        return x, weight * F.rms_norm(x.float(), x.shape[-1:], eps=eps).to(x.dtype)
+    return weight * F.rms_norm(x.float(), x.shape[-1:], eps=eps).to(x.dtype)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(QKV, QW, KW, Cos, SignedSin, Q, K, KRot, stride_qkv, stride_rope, eps,
+                         NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, D: tl.constexpr,
+                         NORM: tl.constexpr):
+    """Grid (T, Hq + Hkv): one head row of one token. q heads -> Q; kv heads -> K (normed) and KRot."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    d = tl.arange(0, D)
+    rolled = (d + D // 2) % D
+    row = QKV + t * stride_qkv + h * D
+    x = tl.load(row + d)
+    x_rolled = tl.load(row + rolled)
+    if NORM:
+        xf = x.to(tl.float32)
+        inv_rms = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / D + eps)
+        if h < NUM_Q_HEADS:
+            w = tl.load(QW + d).to(tl.float32)
+            w_rolled = tl.load(QW + rolled).to(tl.float32)
+        else:
+            w = tl.load(KW + d).to(tl.float32)
+            w_rolled = tl.load(KW + rolled).to(tl.float32)
+        x = (w * (xf * inv_rms).to(x.dtype).to(tl.float32)).to(x.dtype)
+        x_rolled = (w_rolled * (x_rolled.to(tl.float32) * inv_rms).to(x.dtype).to(tl.float32)).to(x.dtype)
+    cos = tl.load(Cos + t * stride_rope + d).to(tl.float32)
+    signed_sin = tl.load(SignedSin + t * stride_rope + d).to(tl.float32)
+    a = (x.to(tl.float32) * cos).to(x.dtype).to(tl.float32)
+    b = (x_rolled.to(tl.float32) * signed_sin).to(x.dtype).to(tl.float32)
+    rotated = (a + b).to(x.dtype)
+    if h < NUM_Q_HEADS:
+        tl.store(Q + (t * NUM_Q_HEADS + h) * D + d, rotated)
+    else:
+        kh = h - NUM_Q_HEADS
+        tl.store(K + (t * NUM_KV_HEADS + kh) * D + d, x)
+        tl.store(KRot + (t * NUM_KV_HEADS + kh) * D + d, rotated)
+
+
+def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
+                 q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
+                 cos: torch.Tensor, signed_sin: torch.Tensor):
+    """From the fused projection `qkv [T, (Hq + 2 Hkv) D]`: q [T, Hq, D] normed per head (when weights
+    are given, Qwen3) and rotated, k [T, Hkv, D] normed, k_rot rotated. cos, signed_sin: [T, 1, D] or
+    [T, D] in qkv's dtype (`Rotary.at`). v is qkv's last Hkv * D columns, untouched."""
+    T = qkv.shape[0]
+    D = head_dim
+    assert qkv.stride(1) == 1 and qkv.shape[1] == (num_heads + 2 * num_kv_heads) * D and D & (D - 1) == 0
+    cos, signed_sin = cos.reshape(T, D), signed_sin.reshape(T, D)
+    assert cos.stride(1) == 1 and signed_sin.stride() == cos.stride()
+    q = torch.empty(T, num_heads, D, dtype=qkv.dtype, device=qkv.device)
+    k = torch.empty(T, num_kv_heads, D, dtype=qkv.dtype, device=qkv.device)
+    k_rot = torch.empty_like(k)
+    norm = q_weight is not None
+    _qk_norm_rope_kernel[(T, num_heads + num_kv_heads)](
+        qkv, q_weight if norm else qkv, k_weight if norm else qkv, cos, signed_sin, q, k, k_rot,
+        qkv.stride(0), cos.stride(0), eps,
+        NUM_Q_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, D=D, NORM=norm, num_warps=1)
+    return q, k, k_rot
+
+
+def qk_norm_rope_ref(qkv, num_heads, num_kv_heads, head_dim, q_weight, k_weight, eps, cos, signed_sin):
+    """The PyTorch path (backend.model.Attention with per-head or no q/k norm)."""
+    T, D = qkv.shape[0], head_dim
+    q, k, _ = qkv.split([num_heads * D, num_kv_heads * D, num_kv_heads * D], dim=-1)
+    q, k = q.reshape(T, num_heads, D), k.reshape(T, num_kv_heads, D)
+    if q_weight is not None:
+        q, k = rms_norm_ref(q, q_weight, eps), rms_norm_ref(k, k_weight, eps)
+    cos, signed_sin = cos.reshape(T, 1, D), signed_sin.reshape(T, 1, D)
+    rotate = lambda x: x * cos + x.roll(D // 2, dims=-1) * signed_sin  # noqa: E731
+    return rotate(q), k, rotate(k)
