@@ -1,7 +1,8 @@
 """Where a 256-token mixed step's GPU time goes (dummy Qwen3-30B-A3B, fp16, seeded routing, B=8 decodes at 4k plus a
-248-token prompt chunk, as a CUDA graph replay): torch.profiler's kernel times, grouped by kernel name.
+248-token prompt chunk, as a CUDA graph replay): torch.profiler's kernel times, grouped by kernel name. `--decode`:
+a decode step of the B sequences instead.
 
-    python benchmarks/profile_mixed_step.py [--batch 8] [--context 4096] [--out FILE.json]
+    python benchmarks/profile_mixed_step.py [--batch 8] [--context 4096] [--decode] [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--decode", action="store_true", help="profile decode steps (no prompt chunk)")
     p.add_argument("--tile-rows", type=int, help="the tiles kernel's (token, head) rows (kernels.paged_attention)")
     p.add_argument("--out")
     a = p.parse_args()
@@ -53,13 +55,14 @@ def main() -> int:
         engine.step()
         engine.abort(rid)
 
+    step = engine.step if a.decode else mixed_step
     for _ in range(3):  # captures, warms up
-        mixed_step()
+        step()
     torch.cuda.synchronize()
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
-            mixed_step()
+            step()
         torch.cuda.synchronize()
     by_name = defaultdict(lambda: [0.0, 0])
     for e in prof.events():
@@ -73,7 +76,8 @@ def main() -> int:
     for r in rows[:25]:
         print(f"{r['ms_per_step']:7.3f} ms {r['launches_per_step']:6.0f}x  {r['kernel']}")
     if a.out:
-        Path(a.out).write_text(json.dumps({"batch": a.batch, "context": a.context, "tokens": a.tokens,
+        Path(a.out).write_text(json.dumps({"batch": a.batch, "context": a.context,
+                                           "tokens": a.batch if a.decode else a.tokens,
                                            "gpu_ms_per_step": total, "kernels": rows}, indent=1))
     return 0
 
