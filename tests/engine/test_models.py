@@ -43,7 +43,7 @@ def checkpoint(request, tmp_path_factory):
                 p.normal_(0, 0.2)
     folder = tmp_path_factory.mktemp(family)
     ref.save_pretrained(folder)
-    engine = LLMEngine(EngineArgs(model=str(folder), tokenizer="default", kv_format="full", device=device,
+    engine = LLMEngine(EngineArgs(model=str(folder), tokenizer="none", kv_format="full", device=device,
                                   dtype="float32"))
     return family, ref, engine
 
