@@ -40,7 +40,7 @@ def _check(out, ref, dtype):
 
 
 def test_align_worked_example():
-    a = moe_align_block_size(torch.tensor([[2, 0], [2, 1]]), 2, 3)
+    a = moe_align_block_size(torch.tensor([[2, 0], [2, 1]]).to(DEVICE), 2, 3)
     assert a.sorted_token_ids.tolist() == [1, 4, 3, 4, 0, 2, 4, 4]
     assert a.expert_ids.tolist() == [0, 1, 2, -1] and a.num_tokens_post_padded.tolist() == [6]
 
@@ -48,7 +48,7 @@ def test_align_worked_example():
 @pytest.mark.parametrize("T, top_k, E, block", [(1, 2, 8, 16), (13, 3, 5, 4), (40, 8, 64, 16)])
 def test_align_invariants(T, top_k, E, block):
     ids = torch.stack([torch.randperm(E, generator=torch.Generator().manual_seed(t))[:top_k] for t in range(T)])
-    a = moe_align_block_size(ids, block, E)
+    a = moe_align_block_size(ids.to(DEVICE), block, E)
     numel = T * top_k
     sorted_ids = a.sorted_token_ids.tolist()
     assert len(sorted_ids) % block == 0 and len(a.expert_ids) == len(sorted_ids) // block
