@@ -135,7 +135,8 @@ class MoEAlignment(NamedTuple):
 
 @triton.jit
 def _moe_align_kernel(Ids, Sorted, Expert_ids, Num_post_padded, numel, em,
-                      E: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+                      E: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK: tl.constexpr, FILL_BLOCK: tl.constexpr,
+                      BLOCK_SIZE: tl.constexpr):
     """One program: count the pairs per expert, pad the runs, then place each pair at its expert's run
     start + how many pairs of that expert came before it (a one-hot prefix sum per chunk of pairs)."""
     e = tl.arange(0, BLOCK_E)
@@ -153,8 +154,9 @@ def _moe_align_kernel(Ids, Sorted, Expert_ids, Num_post_padded, numel, em,
         tile_start = (start + chunk) * BLOCK_SIZE
         before = tl.sum(((ends[None, :] <= tile_start[:, None]) & (e[None, :] < E)).to(tl.int32), axis=1)
         tl.store(Expert_ids + start + chunk, tl.where(before < E, before, -1), mask=start + chunk < em // BLOCK_SIZE)
-    for start in range(0, em, BLOCK):
-        tl.store(Sorted + start + chunk, numel, mask=start + chunk < em)
+    fill = tl.arange(0, FILL_BLOCK)
+    for start in range(0, em, FILL_BLOCK):
+        tl.store(Sorted + start + fill, numel, mask=start + fill < em)
     tl.debug_barrier()  # the padding is written before any pair
     seen = tl.zeros([BLOCK_E], dtype=tl.int32)
     for start in range(0, numel, BLOCK):
@@ -190,7 +192,7 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: i
     num_post_padded = torch.empty(1, dtype=torch.int32, device=device)
     _moe_align_kernel[(1,)](topk_ids.contiguous(), sorted_token_ids, expert_ids, num_post_padded, numel, em,
                             E=num_experts, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK=64,
-                            BLOCK_SIZE=block_size, num_warps=4)
+                            FILL_BLOCK=1024, BLOCK_SIZE=block_size, num_warps=4)
     return MoEAlignment(sorted_token_ids, expert_ids, num_post_padded, block_size)
 
 
