@@ -70,6 +70,8 @@ class EngineArgs:
     max_num_batched_tokens: int = 512  # tokens per step (decode + prefill chunks)
     max_step_ms: float | None = None   # stall-free batching: prefill chunks sized from measured step costs so a
                                        # step beside running decodes lasts about this (backend/step_cost.py)
+    max_step_ratio: float | None = None  # the same, relative: such a step lasts about this many decode-only
+                                         # steps of the running batch (with max_step_ms too: the smaller)
     max_queue_size: int = 256          # waiting requests (beyond max_num_seqs running) before QueueFullError
     scheduling_policy: str = "fcfs"    # "fcfs" or "priority" (lower value first)
     attention_backend: str = "auto"    # "auto": Triton decode kernels on CUDA; "torch": reference path
@@ -137,7 +139,11 @@ class LLMEngine:
             raise ValueError(f"max_num_seqs ({args.max_num_seqs}) must not exceed max_num_batched_tokens "
                              f"({args.max_num_batched_tokens}): every running decode goes in every step")
         self.args = args
-        self.step_cost = StepCost(args.max_step_ms) if args.max_step_ms is not None else None
+        if args.max_step_ratio is not None and args.max_step_ratio <= 1:
+            raise ValueError(f"max_step_ratio must exceed 1 (a step with prompt tokens outlasts a decode step), "
+                             f"not {args.max_step_ratio}")
+        stall_free = args.max_step_ms is not None or args.max_step_ratio is not None
+        self.step_cost = StepCost(args.max_step_ms, args.max_step_ratio) if stall_free else None
         torch.manual_seed(args.seed)
         self.model = load_model(args.model, args.load_format, args.device, args.dtype, args.seed,
                                 args.expert_budget_bytes, args.expert_prefetch, args.expert_policy,
@@ -276,7 +282,8 @@ class LLMEngine:
     def schedule(self) -> list[tuple[Sequence, int]]:
         """The step's plan, (sequence, tokens): every running decode first, so no stream waits for a
         prompt; then prompt chunks (running ones, then newly admitted) within the token budget. With
-        `max_step_ms`, the budget is what the measured step costs allow and the shortest prompts go first."""
+        `max_step_ms` or `max_step_ratio`, the budget is what the measured step costs allow and the shortest
+        prompts go first."""
         self.running = self._order(self.running)
         scheduled: list[tuple[Sequence, int]] = []
         for seq in [s for s in self.running if s.num_pending == 1]:

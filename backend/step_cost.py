@@ -1,4 +1,5 @@
-"""How many prompt tokens fit in a step that should last at most `target_ms` (stall-free batching).
+"""How many prompt tokens fit in a step that should last at most `target_ms`, or at most `target_ratio` times a
+decode-only step of the running batch (stall-free batching; with both, the smaller).
 
 A step carries every running decode first, then prefill chunks. Its time is modelled from the
 steps the engine has run: `decode_ms`, a running mean over steps that carried only decodes, and
@@ -15,7 +16,8 @@ SMOOTHING = 0.2  # weight of the newest step in the running means: follows a cha
 
 @dataclass
 class StepCost:
-    target_ms: float
+    target_ms: float | None = None
+    target_ratio: float | None = None  # relative to `decode_ms`: the streams' inter-token p99 over p50, roughly
     min_chunk: int = 16  # prompt tokens a step always takes, so prompts progress under any target
     decode_ms: float | None = None
     prefill_ms_per_token: float | None = None
@@ -27,7 +29,12 @@ class StepCost:
             # nobody streams yet, so nobody stalls; or nothing measured yet: take the whole room
             # when alone, a minimal chunk beside decodes
             return room if num_decode == 0 else min(room, self.min_chunk)
-        spare = self.target_ms - (self.decode_ms or 0.0)
+        target = self.target_ms if self.target_ms is not None else float("inf")
+        if self.target_ratio is not None and self.decode_ms is not None:
+            target = min(target, self.target_ratio * self.decode_ms)
+        if target == float("inf"):  # a ratio without a decode step measured yet
+            return min(room, self.min_chunk)
+        spare = target - (self.decode_ms or 0.0)
         return max(min(room, self.min_chunk), min(room, int(spare / self.prefill_ms_per_token)))
 
     def observe(self, num_decode: int, num_prefill: int, ms: float) -> None:

@@ -69,6 +69,8 @@ def main() -> None:
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--kv-format", help="the KV format or preset (default: the GPU config's)")
     p.add_argument("--max-step-ms", type=float, help="stall-free batching's step target (default: off)")
+    p.add_argument("--max-step-ratio", type=float,
+                   help="stall-free batching's step target relative to a decode step (default: off)")
     p.add_argument("--moe-routing", default="seeded", choices=["seeded", "learned"],
                    help="seeded (default): experts from each token's position and row, the same in every config "
                         "compared; learned: the dummy router's")
@@ -82,6 +84,8 @@ def main() -> None:
         options["kv_format"] = a.kv_format
     if a.max_step_ms is not None:
         options["max_step_ms"] = a.max_step_ms
+    if a.max_step_ratio is not None:
+        options["max_step_ratio"] = a.max_step_ratio
     if a.cuda_graph_max_tokens is not None:
         options["cuda_graph_max_tokens"] = a.cuda_graph_max_tokens
     write(a.out, a.shape, a.name, options)

@@ -73,6 +73,19 @@ def test_step_cost_budget():
     assert cost.prefill_budget(num_decode=4, max_tokens=512) == 16    # prompts still progress
 
 
+def test_step_cost_budget_relative_to_the_decode_step():
+    cost = StepCost(target_ratio=2.0, min_chunk=16)
+    cost.observe(num_decode=4, num_prefill=100, ms=20.0)              # 0.2 ms per prompt token (no decode
+    assert cost.prefill_budget(num_decode=4, max_tokens=512) == 16    # step measured yet: a minimal chunk)
+    cost.observe(num_decode=4, num_prefill=0, ms=10.0)
+    assert cost.prefill_budget(num_decode=4, max_tokens=512) == 50    # (2 x 10 - 10) / 0.2
+    for _ in range(40):                                               # a larger batch: decode steps of 40 ms
+        cost.observe(num_decode=32, num_prefill=0, ms=40.0)
+    assert 198 <= cost.prefill_budget(num_decode=32, max_tokens=512) <= 200  # grows with the step: ~40 / 0.2
+    cost.target_ms = 50.0                                             # with both targets, the smaller
+    assert 49 <= cost.prefill_budget(num_decode=32, max_tokens=512) <= 51    # ~(50 - 40) / 0.2
+
+
 def test_short_prompts_go_first_under_a_step_target():
     """With `max_step_ms`, a chat arriving while a document's prompt is being chunked is prefilled first:
     its first token comes before the document's."""
