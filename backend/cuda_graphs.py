@@ -7,16 +7,17 @@ into those buffers and launches the graph once.
 Two kinds of step replay a graph:
 - decode steps, one graph per batch size (every size up to `max_batch`);
 - steps that carry prompt chunks beside decodes, up to `max_tokens` tokens, one graph per size bucket
-  (`token_sizes`): the step's rows are padded to the bucket with rows that write and read a free block
-  only. Their attention is the tiles kernel (kernels/paged_attention.py `paged_tiles_attention`), which
-  takes the prompt chunks' causal rows and the decodes in one launch; page-addressed formats only
-  (`PagedKVCache.tiles_supported`). The scheduler cuts prompt chunks beside decodes to fit.
+  (`token_sizes`): the step's rows are padded to the bucket with rows that write and read a free block (or
+  window slot) only. Page-addressed formats attend with the tiles kernel (kernels/paged_attention.py
+  `paged_tiles_attention`), which takes the prompt chunks' causal rows and the decodes in one launch;
+  windowed formats (ALR-KVD, KIVI) read every row as a decode of its own length, with chunks that end at
+  their block's end (`PagedKVCache.mixed_rows_supported`, `mixed_chunk_limit`). The scheduler cuts prompt
+  chunks beside decodes to fit.
 Graphs are captured the first time a size runs; `capture_all` captures every size up front (the server
 does, at start-up).
 
 What a graph cannot hold runs eagerly: larger steps (a prompt alone, in chunks of up to
-`max_num_batched_tokens`), mixed steps of windowed formats, and the blocks a decode step fills, which
-`PagedKVCache.commit` compresses after the step. Models whose experts stream from host memory
+`max_num_batched_tokens`), and the blocks a step fills, which `PagedKVCache.commit` compresses after it. Models whose experts stream from host memory
 (backend/experts.py) decide on the host which experts to copy, so they are not captured.
 """
 from __future__ import annotations
@@ -38,7 +39,7 @@ class StepGraphs:
         without the tiles kernel: decode steps only). `capture=False` runs the same static buffers eagerly
         (a CPU test of everything but the capture)."""
         self.model, self.cache, self.max_batch, self.capture = model, cache, max_batch, capture
-        self.max_tokens = max(max_tokens, max_batch) if max_tokens and cache.tiles_supported() else 0
+        self.max_tokens = max(max_tokens, max_batch) if max_tokens and cache.mixed_rows_supported() else 0
         self.token_sizes = [s for s in TOKEN_SIZES if s < self.max_tokens] + [self.max_tokens] if self.max_tokens else []
         rows = max(max_batch, self.max_tokens)
         device = cache.device
@@ -65,14 +66,16 @@ class StepGraphs:
         if B > self.max_batch:
             return None
         if all(n == 1 for n in batch.query_lens):
-            key, size, pad, num_tiles = ("decode", B), B, (0, 0), 0
+            key, size, pad, num_tiles = ("decode", B), B, (0, 0, 0), 0
         else:
-            free = self.cache.allocator.free_ids
+            # padding rows write into a free block (windowed formats: a free window slot): nobody reads it
+            # before it is allocated and written again
+            free = self.cache.free_slots if self.cache.windowed else self.cache.allocator.free_ids
             if T > self.max_tokens or not free:
                 return None
             size = next(s for s in self.token_sizes if s >= T)
-            # padding rows write into a free block: nobody reads it before it is allocated and written again
-            key, pad, num_tiles = ("mixed", size), (size - T, free[-1]), self.cache.num_tiles(size, self.max_batch)
+            place = (0, free[-1]) if self.cache.windowed else (free[-1], 0)
+            key, pad, num_tiles = ("mixed", size), (size - T, *place), self.cache.num_tiles(size, self.max_batch)
         self.cache.wait_compressed()  # the side stream's compression: waited for outside the graph
         batch.decode_meta = self.cache.build_decode_meta(batch, self.meta, pad, num_tiles)
         self.tokens[:T].copy_(torch.tensor(tokens), non_blocking=True)
@@ -96,8 +99,8 @@ class StepGraphs:
     def capture_all(self) -> float:
         """Capture every size now, as vLLM does at start-up, so that no request waits for a capture (the server
         does this; offline use captures on first use). Throwaway sequences drive the captures and are freed:
-        B sequences of one token for decode sizes, one sequence of T tokens for mixed sizes. Returns the
-        seconds taken."""
+        B sequences of one token for decode sizes, prompts of T tokens in all for mixed sizes (one sequence, or
+        for windowed formats sequences of a block each). Returns the seconds taken."""
         start = time.perf_counter()
         cache = self.cache
         # a sequence holds a block (and a window slot): batches larger than the cache can hold never run
@@ -105,15 +108,17 @@ class StepGraphs:
         if cache.windowed:
             largest = min(largest, len(cache.free_slots))
         drives = [[1] * B for B in range(largest, 0, -1)]  # largest first: the smaller graphs reuse its pool's memory
-        drives = [[T] for T in reversed(self.token_sizes) if cache.allocator.num_free > -(-T // cache.block_size)] + drives
+        bs = cache.block_size
+        chunks = lambda T: [bs] * (T // bs) + [T % bs] * (T % bs > 0) if cache.windowed else [T]  # noqa: E731
+        drives = [chunks(T) for T in reversed(self.token_sizes)
+                  if cache.allocator.num_free > -(-T // bs) and len(chunks(T)) <= largest] + drives
         for query_lens in drives:
             seqs = [SeqKV() for _ in query_lens]
             try:
                 for seq, n in zip(seqs, query_lens):
                     cache.allocate(seq, n)
                 T = sum(query_lens)
-                self.run([0] * T, list(range(query_lens[0])) if T > len(seqs) else [0] * T,
-                         AttentionBatch(seqs, query_lens))
+                self.run([0] * T, [p for n in query_lens for p in range(n)], AttentionBatch(seqs, query_lens))
             finally:
                 for seq in seqs:
                     cache.free(seq)

@@ -182,13 +182,13 @@ class LLMEngine:
         kv_format, kv_options = resolve_kv(kv_format, kv_options)
         a.kv_format, a.kv_options, a.kv_budget_bytes = kv_format, kv_options, budget_bytes
         self.cache = None  # free the old pool before allocating the new one
+        graph_tokens = min(a.cuda_graph_max_tokens, a.max_num_batched_tokens)
         self.cache = PagedKVCache(self.cfg, self.model.rotary, kv_format, a.kv_options, budget_bytes, max_num_seqs,
                                   self.model.embed_tokens.weight.dtype, a.device, a.attention_backend,
-                                  a.kv_compress_stream)
+                                  a.kv_compress_stream, max_query_rows=graph_tokens)
         self.graphs = None  # graphs hold the old cache's tensors: captured anew for this one
         if not a.enforce_eager and StepGraphs.supported(self.model, self.cache):
-            self.graphs = StepGraphs(self.model, self.cache, max_num_seqs, self.max_model_len,
-                                     min(a.cuda_graph_max_tokens, a.max_num_batched_tokens))
+            self.graphs = StepGraphs(self.model, self.cache, max_num_seqs, self.max_model_len, graph_tokens)
 
     # ---- requests -----------------------------------------------------------------------
     def tokenize(self, prompt) -> list[int]:
@@ -298,7 +298,8 @@ class LLMEngine:
                 self.cache.allocate(seq.kv, 1)
                 scheduled.append((seq, 1))
         budget = self.args.max_num_batched_tokens - len(scheduled)
-        if scheduled and self.graphs is not None and self.graphs.max_tokens:  # beside decodes: a step a graph holds
+        in_graph = bool(scheduled) and self.graphs is not None and self.graphs.max_tokens > 0
+        if in_graph:  # beside decodes: a step a graph holds
             budget = max(0, min(budget, self.graphs.max_tokens - len(scheduled)))
         if self.step_cost is not None:
             budget = min(budget, self.step_cost.prefill_budget(len(scheduled), self.args.max_num_batched_tokens))
@@ -310,6 +311,8 @@ class LLMEngine:
             if budget == 0:
                 break
             n = min(seq.num_pending, budget)
+            if in_graph:
+                n = min(n, self.cache.mixed_chunk_limit(seq.kv))
             if seq in self.running:
                 while not self.cache.can_allocate(seq.kv, n):  # preempt the newest, never a scheduled decode
                     victim = next(s for s in reversed(self.running) if all(s is not t for t, _ in scheduled))

@@ -73,7 +73,9 @@ class BlockAllocator:
 class PagedKVCache:
     def __init__(self, cfg: ModelConfig, rotary, kv_format: str = "fp16", kv_options: dict | None = None,
                  budget_bytes: int = 256 << 20, max_num_seqs: int = 16, dtype=torch.float32, device="cpu",
-                 attention_backend: str = "auto", compress_stream: bool = False):
+                 attention_backend: str = "auto", compress_stream: bool = False, max_query_rows: int = 0):
+        """`max_query_rows`: the most query rows of a step the decode kernels take (at least `max_num_seqs`;
+        more when CUDA graphs carry prompt chunks beside decodes)."""
         if kv_format not in FORMATS:
             raise ValueError(f"unknown kv format {kv_format!r}; choose from {sorted(FORMATS)}")
         options = dict(kv_options or {})
@@ -124,7 +126,7 @@ class PagedKVCache:
         self._filled = []            # blocks this decode step filled, compressed at commit
         self._compressing = None     # the event of the side stream's last compression
         # the decode kernels do not read the sink: with it, the PyTorch path
-        self.kernels = None if self.sink_tokens else self.format.kernels(max_num_seqs)
+        self.kernels = None if self.sink_tokens else self.format.kernels(max(max_num_seqs, max_query_rows))
         self.kernel_layers = self.kernels.layers if self.kernels is not None else None
         if str(device).startswith("cuda") and attention_backend != "torch":
             if self.sink_tokens:
@@ -201,12 +203,13 @@ class PagedKVCache:
 
     def commit(self, batch: AttentionBatch):
         """After a forward step: the step's tokens are now part of each sequence's cache, and the blocks
-        a decode step filled (read from the window during the step) are compressed, every layer's."""
+        a decode step (or a graph's prompt chunk) filled, read from the window during the step, are compressed,
+        every layer's."""
         meta = batch.decode_meta
         if meta is not None and self.windowed and self.decode_kernel is not None:
-            for i in meta["closing"]:
+            for i, pos in meta["closing"]:
                 seq = batch.seqs[i]
-                start = seq.num_tokens + 1 - self.block_size
+                start = pos + 1 - self.block_size
                 block = seq.block_table[start // self.block_size]
                 self._filled += [(layer, block, start, self.window_k[layer, seq.window_slot],
                                   self.window_v[layer, seq.window_slot]) for layer in range(self.cfg.num_layers)]
@@ -306,25 +309,38 @@ class PagedKVCache:
             start += n
         return out
 
-    def tiles_supported(self) -> bool:
-        """Whether steps with prompt chunks can attend through `build_decode_meta`'s rows: page-addressed
-        formats (the step's keys are written before attention) with the tiles kernel."""
-        return not self.windowed and self.tiles_kernel is not None
+    def mixed_rows_supported(self) -> bool:
+        """Whether steps with prompt chunks can attend through `build_decode_meta`'s rows (each row causal by
+        its own length, the step's keys written first): page-addressed formats with the tiles kernel; windowed
+        formats with a decode kernel, each row read as a decode (chunks end at their block's end:
+        `mixed_chunk_limit`), except with attention sinks or saliency, which the kernels do not keep."""
+        if self.windowed:
+            return self.decode_kernel is not None and self.window_attn is None and not self.sink_tokens
+        return self.tiles_kernel is not None
+
+    def mixed_chunk_limit(self, seq: SeqKV) -> int:
+        """The most prompt tokens of `seq` such a step takes: a windowed format holds a sequence's newest block
+        in its window slot, so the chunk ends where that block does (it closes at commit)."""
+        return self.block_size - seq.num_tokens % self.block_size if self.windowed else 1 << 30
 
     def num_tiles(self, rows: int, num_seqs: int) -> int:
-        """The most query tiles a step of `rows` rows over at most `num_seqs` sequences (and padding) needs."""
+        """The most query tiles a step of `rows` rows over at most `num_seqs` sequences (and padding) needs;
+        0 where rows are read as decodes (windowed formats)."""
+        if self.windowed:
+            return 0
         from kernels.paged_attention import tile_tokens
         return rows // tile_tokens(self.cfg.num_heads // self.cfg.num_kv_heads) + num_seqs + 2
 
-    def build_decode_meta(self, batch: AttentionBatch, static: dict | None = None, pad: tuple[int, int] = (0, 0),
-                          num_tiles: int = 0) -> dict:
+    def build_decode_meta(self, batch: AttentionBatch, static: dict | None = None,
+                          pad: tuple[int, int, int] = (0, 0, 0), num_tiles: int = 0) -> dict:
         """Per query row (a decode's token, or each token of a prompt chunk), built once and shared by every
-        layer: the block and offset it writes, its sequence's block table and the tokens it sees; with
-        `num_tiles`, the rows' tiles (`tiles_kernel`; unused ones have count 0). `static`: device buffers of
-        `decode_buffers` to copy them into (a CUDA graph reads the same memory every step). `pad`: (rows,
-        block): that many more rows, which write into and read that scratch block only (a graph's fixed size)."""
+        layer: the block and offset (windowed: window slot and offset) it writes, its sequence's block table
+        and the tokens it sees; with `num_tiles`, the rows' tiles (`tiles_kernel`; unused ones have count 0).
+        `static`: device buffers of `decode_buffers` to copy them into (a CUDA graph reads the same memory
+        every step). `pad`: (rows, block, window slot): that many more rows, which write into and read that
+        scratch block or slot only (a graph's fixed size)."""
         dev, bs = self.device, self.block_size
-        pad_rows, pad_block = pad
+        pad_rows, pad_block, pad_slot = pad
         query_lens = list(batch.query_lens) + ([pad_rows] if pad_rows else [])
         first = [s.num_tokens for s in batch.seqs] + [0]
         pos = torch.cat([torch.arange(p, p + n) for p, n in zip(first, query_lens)])
@@ -334,9 +350,9 @@ class PagedKVCache:
                               + [[pad_block] * width], dtype=torch.int32)[seq_of_row]
         if pad_rows:  # every padding row writes and reads the scratch block's first token
             pos[-pad_rows:] = 0
+        slots = torch.tensor([s.window_slot or 0 for s in batch.seqs] + [pad_slot], dtype=torch.int32)
         host = {"block_ids": tables[torch.arange(len(pos)), pos // bs].long(), "offsets": pos % bs,
-                "tables": tables, "seq_lens": (pos + 1).to(torch.int32),
-                "window_slots": torch.tensor([s.window_slot or 0 for s in batch.seqs], dtype=torch.int32)}
+                "tables": tables, "seq_lens": (pos + 1).to(torch.int32), "window_slots": slots[seq_of_row]}
         host["window_rows"] = host["window_slots"].long()
         if num_tiles:
             from kernels.paged_attention import query_tiles
@@ -352,7 +368,9 @@ class PagedKVCache:
             for k, v in host.items():
                 (meta[k][:, :width] if k == "tables" else meta[k]).copy_(v, non_blocking=True)
         meta["window_index"] = (meta["window_rows"], meta["offsets"])
-        meta["closing"] = [i for i, p in enumerate(pos.tolist()) if (p + 1) % bs == 0]  # their token fills a block
+        real_rows = len(pos) - pad_rows  # (sequence, position) of the rows whose token fills a block
+        meta["closing"] = [(s, p) for s, p in zip(seq_of_row[:real_rows].tolist(), pos[:real_rows].tolist())
+                           if (p + 1) % bs == 0]
         if self.decode_kernel is None:  # the PyTorch path pads every sequence to the longest: mask [B, 1, 1, width * bs]
             meta["mask"] = (torch.arange(width * bs) <= pos[:, None]).view(len(pos), 1, 1, -1).to(dev)
         return meta
@@ -368,8 +386,9 @@ class PagedKVCache:
                 "tile_counts": z(max_tiles, dtype=torch.int32)}
 
     def _attend_decode(self, layer, q, k_store, k_rot, v, batch: AttentionBatch) -> torch.Tensor:
-        """One new token per sequence: write all of them at once, then attend over the paged cache
-        (the fused Triton kernels on CUDA; gather + masked SDPA elsewhere)."""
+        """Query rows (one new token per sequence, or a graph step's prompt chunks too): write all of them at
+        once, then attend over the paged cache (the fused Triton kernels on CUDA; gather + masked SDPA
+        elsewhere)."""
         meta = batch.decode_meta = batch.decode_meta or self.build_decode_meta(batch)
         scale = q.shape[-1] ** -0.5
         if self.windowed:  # ALR-KVD or KIVI kernel: every new token into its window slot, then attend; the

@@ -321,13 +321,15 @@ def run_decode(engine: LLMEngine, counter: ExpertCounter, batch: int, context: i
             "unique_experts_per_step": unique, **streaming}
 
 
-def bench_gpu_mixed(name: str, batches, contexts, step_tokens: int, steps: int) -> list[dict]:
-    """Steps that carry a prompt chunk beside running decodes (dummy weights, fp16 KV): `batch` sequences
-    decode at about `context` cached tokens while another brings a chunk of `step_tokens - batch` prompt
-    tokens after its own `context` cached ones (synthetic KV: a long prompt's middle chunk). In turns, in one
-    engine: a decode-only step (graph), the mixed step as a CUDA graph (the tiles kernel) and eagerly (the
+def bench_gpu_mixed(name: str, batches, contexts, step_tokens: int, steps: int, kv_format: str = "fp16") -> list[dict]:
+    """Steps that carry prompt chunks beside running decodes (dummy weights): `batch` sequences decode at
+    about `context` cached tokens while others bring `step_tokens - batch` prompt tokens after their own
+    `context` cached ones (synthetic KV: long prompts' middle chunks): one chunk, or for windowed formats
+    (ALR-KVD, KIVI) chunks of a block each. In turns, in one engine: a decode-only step (graph), the mixed
+    step as a CUDA graph (the tiles kernel; windowed formats: the decode kernel per row) and eagerly (the
     PyTorch path, sequence by sequence); medians of `steps` turns."""
-    engine = dummy_engine(name, "fp16", kv_budget_bytes=16 << 30, max_num_seqs=64, cuda_graph_max_tokens=step_tokens)
+    engine = dummy_engine(name, kv_format, kv_budget_bytes=16 << 30, max_num_seqs=64,
+                          cuda_graph_max_tokens=step_tokens)
     graphs = engine.graphs
     cache = engine.cache
     rows = []
@@ -349,10 +351,13 @@ def bench_gpu_mixed(name: str, batches, contexts, step_tokens: int, steps: int) 
         torch.cuda.synchronize()
         return (time.perf_counter() - t0) * 1e3
 
+    bs = cache.block_size
     for batch in batches:
         for context in contexts:
             chunk = step_tokens - batch
-            if cache.blocks_needed(SeqKV(), (batch + 1) * (context + chunk)) + batch + 1 > cache.allocator.num_free:
+            parts = [bs] * (chunk // bs) + [chunk % bs] * (chunk % bs > 0) if cache.windowed else [chunk]
+            seqs = batch + len(parts)
+            if cache.blocks_needed(SeqKV(), seqs * (context + bs + chunk)) + seqs > cache.allocator.num_free:
                 print(json.dumps({"batch": batch, "context": context, "skipped": "the KV cache is too small"}))
                 continue
             rids = [synthetic(context, context - 1, 3 * steps + 12) for _ in range(batch)]
@@ -360,17 +365,17 @@ def bench_gpu_mixed(name: str, batches, contexts, step_tokens: int, steps: int) 
             for turn in range(steps + 2):  # two warm-up turns (the first captures this size's graphs)
                 for mode in ms:
                     engine.graphs = None if mode == "mixed_eager" else graphs
-                    newcomer = synthetic(context + chunk, context, 1) if mode != "decode" else None
+                    newcomers = [synthetic(context + n, context, 1) for n in parts] if mode != "decode" else []
                     t = timed_step()
-                    assert sorted(n for _, n in engine.plan) == sorted([1] * batch + ([chunk] if newcomer else []))
-                    if newcomer is not None:
-                        engine.abort(newcomer)
+                    assert sorted(n for _, n in engine.plan) == sorted([1] * batch + (parts if newcomers else []))
+                    for r in newcomers:
+                        engine.abort(r)
                     if turn >= 2:
                         ms[mode].append(t)
             engine.graphs = graphs
             for r in rids:
                 engine.abort(r)
-            row = {"model": name, "batch": batch, "context": context, "chunk": chunk,
+            row = {"model": name, "kv_format": kv_format, "batch": batch, "context": context, "chunk": chunk,
                    **{f"{m}_ms": statistics.median(v) for m, v in ms.items()}, "all_ms": ms}
             row["graph_speedup"] = row["mixed_eager_ms"] / row["mixed_graph_ms"]
             row["mixed_over_decode"] = row["mixed_graph_ms"] / row["decode_ms"]
@@ -457,8 +462,13 @@ def main():
                                                   args.kv_formats.split(","))
     if args.gpu_mixed:
         result["device"] = torch.cuda.get_device_name()
-        result["gpu_mixed"] = bench_gpu_mixed(args.models.split(",")[0], [int(b) for b in args.batches.split(",")],
-                                              [int(c) for c in args.contexts.split(",")], args.gpu_mixed, args.steps)
+        result["gpu_mixed"] = []
+        for kv_format in args.kv_formats.split(","):  # one engine per format, one after the other
+            result["gpu_mixed"] += bench_gpu_mixed(args.models.split(",")[0], [int(b) for b in args.batches.split(",")],
+                                                   [int(c) for c in args.contexts.split(",")], args.gpu_mixed,
+                                                   args.steps, kv_format)
+            gc.collect()
+            torch.cuda.empty_cache()
     if args.gpu:
         result["device"] = torch.cuda.get_device_name()
         result["gpu"] = bench_gpu(args.models.split(","), [int(b) for b in args.batches.split(",")],

@@ -338,7 +338,7 @@ class ALRKVDFormat(KVFormat):
             if base is not None:
                 getattr(self, f"{kv}_rbase")[layer, block_id] = base
 
-    def kernels(self, max_num_seqs):
+    def kernels(self, max_rows):
         """The decode kernel (kernels/alrkvd_attention.py) and, with it, the compression kernel (`encode_with_kernel`)
         for the options the decode kernel reads."""
         from kernels.alrkvd_attention import AlrkvdLayer, alrkvd_decode_attention
@@ -347,7 +347,7 @@ class ALRKVDFormat(KVFormat):
         except NotImplementedError as e:  # options the kernel does not read
             return self._no_kernels(str(e))
         # the kernel's merge tickets, zeros between calls: held here so a CUDA graph holds no memset
-        tickets = torch.zeros(max_num_seqs * self.num_kv_heads, dtype=torch.int32, device=self.device)
+        tickets = torch.zeros(max_rows * self.num_kv_heads, dtype=torch.int32, device=self.device)
         return FormatKernels(functools.partial(alrkvd_decode_attention, tickets=tickets), layers,
                              self.encode_with_kernel)
 

@@ -94,9 +94,10 @@ class KVFormat:
         return f"{self.name}({opts})" if opts else self.name
 
     # -- kernels ----------------------------------------------------------------------------------------
-    def kernels(self, max_num_seqs: int) -> FormatKernels | None:
+    def kernels(self, max_rows: int) -> FormatKernels | None:
         """The Triton kernels that read and write this format's storage, or None: no kernel reads this format,
-        or not with these options (the reason is logged). ``max_num_seqs``: the most sequences of a decode step.
+        or not with these options (the reason is logged). ``max_rows``: the most query rows of a call (a decode
+        step's sequences, or a graph step's rows with its prompt chunks).
         The layers are views made on any device; the kernels run on CUDA. Kernel modules are imported here, when
         asked for: Triton decides at import whether a kernel is compiled or interpreted (kernels/testing.py)."""
         return self._no_kernels(f"no kernel reads {self.name}")

@@ -33,7 +33,7 @@ class FullFormat(KVFormat):
         return (self.k_cache[layer, b].reshape(-1, H, D).to(self.dtype),
                 self.v_cache[layer, b].reshape(-1, H, D).to(self.dtype))
 
-    def kernels(self, max_num_seqs):
+    def kernels(self, max_rows):
         from kernels.paged_attention import paged_decode_attention, paged_tiles_attention
         layers = [(self.k_cache[i], self.v_cache[i]) for i in range(self.num_layers)]
         return FormatKernels(paged_decode_attention, layers, tiles=paged_tiles_attention)

@@ -66,7 +66,7 @@ class KIVIFormat(KVFormat):
 
     dequantize = staticmethod(kivi_dequantize)   # also the reference of the KIVI decode kernel
 
-    def kernels(self, max_num_seqs):
+    def kernels(self, max_rows):
         from kernels.kivi_attention import KiviLayer, kivi_decode_attention
         try:
             layers = [KiviLayer.from_format(self, i) for i in range(self.num_layers)]

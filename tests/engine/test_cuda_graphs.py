@@ -134,6 +134,46 @@ def test_mixed_steps_give_the_eager_tokens(tmp_path, shape):
     assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
 
 
+@pytest.mark.parametrize("kv_format", ["alrkvd", "kivi4"])
+def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format):
+    """Windowed formats (a sequence's newest block in a window slot): prompt chunks beside decodes end at their
+    block's end, every row is read by the decode kernel as a decode of its own length, and the block a chunk
+    fills is compressed at commit. Same plan as the eager engine (whose graph runner takes no step), same
+    tokens; every cache block and window slot back at the end."""
+    engine = engine_for(tmp_path, QWEN3_MOE, kv_format)
+    bs = engine.cache.block_size
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (5, 2 * bs + 7, bs - 3, bs + 1)]
+
+    def generate():
+        params = SamplingParams(max_tokens=bs + 4, temperature=0, ignore_eos=True)
+        rids, done, plans = [engine.add_request(None, params, prompt_ids=prompts[0])], {}, []
+        for step in range(400):
+            if step in (2, 3, 5):  # newcomers while the first decodes
+                rids.append(engine.add_request(None, params, prompt_ids=prompts[len(rids)]))
+            before = {id(s): s.kv.num_tokens for s in engine.running}
+            done |= {o.request_id: o.token_ids for o in engine.step() if o.finished}
+            plan = [(before.get(id(s), 0), n) for s, n in engine.plan]
+            plans.append(sorted(plan))
+            if not engine.has_unfinished():
+                return [done[r] for r in rids], plans
+
+    engine.graphs = StepGraphs(engine.model, engine.cache, 0, engine.max_model_len, max_tokens=64,
+                               capture=False)  # no batch fits: every step eager, chunks cut as for graphs
+    expected, eager_plans = generate()
+    engine.graphs = StepGraphs(engine.model, engine.cache, 4, engine.max_model_len, max_tokens=64,
+                               capture=DEVICE == "cuda")
+    engine.graphs.capture_all()
+    assert ("mixed", 64) in engine.graphs.graphs
+    tokens, plans = generate()
+    assert tokens == expected and plans == eager_plans
+    mixed = [p for p in plans if len(p) > 1 and max(n for _, n in p) > 1]
+    assert mixed and all(start % bs + n <= bs for p in mixed for start, n in p)  # chunks end at their block's end
+    assert any(n > 1 and (start + n) % bs == 0 for p in mixed for start, n in p)  # and some close their block
+    cache = engine.cache
+    assert cache.allocator.num_free == cache.allocator.num_blocks and len(cache.free_slots) == cache.window_k.shape[1]
+
+
 def test_seeded_routing_runs_the_same_experts_whatever_the_activations(tmp_path):
     """`moe_routing="seeded"` (dummy-weight benchmarks): experts from each token's position and row, so two KV
     formats, whose attention outputs differ, route every step to the same experts; learned routing does not

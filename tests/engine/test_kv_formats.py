@@ -533,7 +533,7 @@ def test_each_format_names_its_kernels():
     from kernels.paged_attention import paged_decode_attention
 
     def kernels(name, **opts):
-        return make_format(name, L, H, D, torch.float16, "cpu", 2, **opts).kernels(max_num_seqs=4)
+        return make_format(name, L, H, D, torch.float16, "cpu", 2, **opts).kernels(max_rows=4)
 
     for name in ("full", "fp16"):
         paged = kernels(name)
