@@ -7,8 +7,8 @@ into those buffers and launches the graph once.
 Two kinds of step replay a graph:
 - decode steps, one graph per batch size (every size up to `max_batch`);
 - steps that carry prompt chunks beside decodes, up to `max_tokens` tokens, one graph per size bucket
-  (`token_sizes`): the step's rows are padded to the bucket with rows that write and read a free block (or
-  window slot) only. Page-addressed formats attend with the tiles kernel (kernels/paged_attention.py
+  (`token_sizes`): the step's rows are padded to the bucket with rows that write and read the cache's
+  scratch block (or window slot) only. Page-addressed formats attend with the tiles kernel (kernels/paged_attention.py
   `paged_tiles_attention`), which takes the prompt chunks' causal rows and the decodes in one launch;
   windowed formats (ALR-KVD, KIVI) read every row as a decode of its own length, with chunks that end at
   their block's end (`PagedKVCache.mixed_rows_supported`, `mixed_chunk_limit`). The scheduler cuts prompt
@@ -68,13 +68,11 @@ class StepGraphs:
         if all(n == 1 for n in batch.query_lens):
             key, size, pad, num_tiles = ("decode", B), B, (0, 0, 0), 0
         else:
-            # padding rows write into a free block (windowed formats: a free window slot): nobody reads it
-            # before it is allocated and written again
-            free = self.cache.free_slots if self.cache.windowed else self.cache.allocator.free_ids
-            if T > self.max_tokens or not free:
+            if T > self.max_tokens:
                 return None
             size = next(s for s in self.token_sizes if s >= T)
-            place = (0, free[-1]) if self.cache.windowed else (free[-1], 0)
+            # padding rows write into the cache's scratch block (windowed formats: its scratch window slot)
+            place = (self.cache.scratch_block, self.cache.scratch_slot)
             key, pad, num_tiles = ("mixed", size), (size - T, *place), self.cache.num_tiles(size, self.max_batch)
         self.cache.wait_compressed()  # the side stream's compression: waited for outside the graph
         batch.decode_meta = self.cache.build_decode_meta(batch, self.meta, pad, num_tiles)

@@ -119,8 +119,8 @@ def set_cache(eng, kv_format: str, options: dict, context: int, num_seqs: int = 
     block_bytes, bs = _block_bytes(kv_format, options, eng.cfg, dtype)
     from backend.kv_cache import dense_kv_bytes
     slot = dense_kv_bytes(eng.cfg, bs + int(options.get("sink_tokens", 0)), dtype.itemsize)
-    blocks = num_seqs * (-(-(context + 64) // bs) + 1)
-    budget = blocks * block_bytes + num_seqs * slot + 1
+    blocks = num_seqs * (-(-(context + 64) // bs) + 1) + 1  # + the cache's scratch block (and window slot)
+    budget = blocks * block_bytes + (num_seqs + 1) * slot + 1
     if eng.max_model_len < context:
         raise SystemExit(f"context {context} exceeds the model's {eng.max_model_len} positions")
     eng.reset_cache(kv_format, options, budget, num_seqs)

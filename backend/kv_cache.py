@@ -91,14 +91,16 @@ class PagedKVCache:
         probe = fmt_cls(**shape, device="meta", num_blocks=1, block_size=self.block_size, **options)
         self.block_bytes = sum(t.numel() * t.element_size() for t in probe.tensors())
         self.windowed, self.rope_on_read = fmt_cls.windowed, fmt_cls.rope_on_read
-        num_slots = max_num_seqs if self.windowed else 0
+        # one more block (and window slot) than sequences can take: the scratch that a CUDA graph's padding
+        # rows write into and read (backend/cuda_graphs.py), so a full cache still replays mixed steps
+        num_slots = max_num_seqs + 1 if self.windowed else 0
         window_shape = (cfg.num_layers, num_slots, self.block_size, cfg.num_kv_heads, cfg.head_dim)
         # a window slot: its keys and values and the sink's, and for formats that want saliency the attention
         # each window token received
         self.attn_slot_bytes = cfg.num_layers * self.block_size * cfg.num_kv_heads * 4 if probe.wants_saliency else 0
         self.slot_bytes = dense_kv_bytes(cfg, self.block_size + self.sink_tokens, dtype.itemsize) + self.attn_slot_bytes
         num_blocks = (budget_bytes - num_slots * self.slot_bytes) // self.block_bytes
-        if num_blocks < 1:
+        if num_blocks < 2:
             raise ValueError(f"KV budget of {budget_bytes} bytes holds no block ({self.block_bytes} B per block"
                              f" + {num_slots} window slots of {self.slot_bytes} B)")
         self.format = fmt_cls(**shape, device=device, num_blocks=num_blocks, block_size=self.block_size, **options)
@@ -112,8 +114,9 @@ class PagedKVCache:
         # attention each window token has received so far, per kv head: its saliency when the block closes
         self.window_attn = (torch.zeros(window_shape[:-1], dtype=torch.float32, device=device)
                             if self.format.wants_saliency else None)
-        self.allocator = BlockAllocator(num_blocks)
-        self.free_slots = list(range(num_slots - 1, -1, -1))
+        self.allocator = BlockAllocator(num_blocks - 1)
+        self.free_slots = list(range(num_slots - 2, -1, -1))
+        self.scratch_block, self.scratch_slot = num_blocks - 1, max(num_slots - 1, 0)
         self.kv_format = kv_format
         # Fused decode attention on CUDA (kernels/): the format's kernels; the PyTorch path everywhere else and for
         # prefill. The views of its storage that they read are made on every device (a test swaps in the references).
@@ -423,7 +426,7 @@ class PagedKVCache:
 
     def used_bytes(self) -> int:
         used_blocks = self.allocator.num_blocks - self.allocator.num_free
-        used_slots = (self.window_k.shape[1] - len(self.free_slots)) if self.windowed else 0
+        used_slots = (self.window_k.shape[1] - 1 - len(self.free_slots)) if self.windowed else 0
         return used_blocks * self.block_bytes + used_slots * self.slot_bytes
 
     def baseline_bytes_per_token(self) -> int:

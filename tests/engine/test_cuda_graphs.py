@@ -138,8 +138,11 @@ def test_mixed_steps_give_the_eager_tokens(tmp_path, shape):
 def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format):
     """Windowed formats (a sequence's newest block in a window slot): prompt chunks beside decodes end at their
     block's end, every row is read by the decode kernel as a decode of its own length, and the block a chunk
-    fills is compressed at commit. Same plan as the eager engine (whose graph runner takes no step), same
-    tokens; every cache block and window slot back at the end."""
+    fills is compressed at commit. The reference, with the same plan (chunks cut as for graphs): on CPU every
+    step eager, prompt chunks through the per-sequence PyTorch path (the kernels' fp32 references stand in for
+    the kernels); on CUDA the same rows through the runner uncaptured, since the compiled kernels round keys and
+    values to fp16 for their dots where the PyTorch path keeps fp32 (tests/kernels bounds that error), which
+    over many greedy steps can part the tokens. Same tokens; every cache block and window slot back at the end."""
     engine = engine_for(tmp_path, QWEN3_MOE, kv_format)
     bs = engine.cache.block_size
     g = torch.Generator().manual_seed(3)
@@ -158,8 +161,8 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format):
             if not engine.has_unfinished():
                 return [done[r] for r in rids], plans
 
-    engine.graphs = StepGraphs(engine.model, engine.cache, 0, engine.max_model_len, max_tokens=64,
-                               capture=False)  # no batch fits: every step eager, chunks cut as for graphs
+    engine.graphs = StepGraphs(engine.model, engine.cache, 0 if DEVICE == "cpu" else 4, engine.max_model_len,
+                               max_tokens=64, capture=False)  # CPU: no batch fits the runner, every step eager
     expected, eager_plans = generate()
     engine.graphs = StepGraphs(engine.model, engine.cache, 4, engine.max_model_len, max_tokens=64,
                                capture=DEVICE == "cuda")
@@ -171,7 +174,7 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format):
     assert mixed and all(start % bs + n <= bs for p in mixed for start, n in p)  # chunks end at their block's end
     assert any(n > 1 and (start + n) % bs == 0 for p in mixed for start, n in p)  # and some close their block
     cache = engine.cache
-    assert cache.allocator.num_free == cache.allocator.num_blocks and len(cache.free_slots) == cache.window_k.shape[1]
+    assert cache.allocator.num_free == cache.allocator.num_blocks and len(cache.free_slots) == engine.args.max_num_seqs
 
 
 def test_seeded_routing_runs_the_same_experts_whatever_the_activations(tmp_path):
