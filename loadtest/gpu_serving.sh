@@ -11,12 +11,18 @@
 #     bidict==0.24.1 simple-websocket==1.1.0 wsproto==1.3.2 Werkzeug==3.1.9" bash ../shared/gpu/bundle.sh
 # (locust 2.47.0 and each of its dependencies the GPU machine lacks, cp312 manylinux; about 52 MB in all)
 # and run there, carrying .device and reports/gpu_repository:
-#   source .device/setup.sh && bash loadtest/gpu_serving.sh "$OUT" [STEPS] [STEP_TIME] [MODELS]
+#   source .device/setup.sh && bash loadtest/gpu_serving.sh "$OUT" [STEPS] [STEP_TIME] [MODELS] [TENANTS]
+# Long-context tenants (issue 36), fp16 against ALR-KVD at the same KV budget, prepared here with
+#   python -m server.dummy_repository --out reports/gpu_repository --name qwen3_30b_long_fp16 --kv-format fp16 \
+#     --kv-budget-gb 8 --max-model-len 40960 --max-num-seqs 64     (and _long_alrkvd with --kv-format alrkvd-gpu)
+# run there with TENANTS loadtest/tenants_long.yaml; `python -m loadtest.compare OUT/A OUT/B --out OUT/compare`
+# puts the runs side by side (sessions held at the SLO, goodput).
 set -u
-out=${1:?usage: gpu_serving.sh OUT_DIR [STEPS] [STEP_TIME] [MODELS]}
+out=${1:?usage: gpu_serving.sh OUT_DIR [STEPS] [STEP_TIME] [MODELS] [TENANTS]}
 steps=${2:-1,8,32}
 step_time=${3:-30s}
 models=${4:-qwen3_30b qwen3_30b_eager}
+tenants=${5:-loadtest/tenants_gpu.yaml}
 export PYTHONPATH=.
 for model in $models; do
   python -m server.serve --model-repository reports/gpu_repository --models "$model" --host 127.0.0.1 --openai-port 0 \
@@ -33,7 +39,7 @@ for _ in range(600):  # the model loads its dummy weights (61 GB) on the GPU fir
 sys.exit("server not ready after 600 s")
 PY
   python -m loadtest.run --server never --host http://127.0.0.1:8000 --grpc-url 127.0.0.1:8001 \
-    --model "$model" --tenants loadtest/tenants_gpu.yaml --shape steps --steps "$steps" --step-time "$step_time" \
+    --model "$model" --tenants "$tenants" --shape steps --steps "$steps" --step-time "$step_time" \
     --warmup 5s --out "$out/$model"
   kill -TERM "$server"
   wait "$server"

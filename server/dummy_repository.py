@@ -67,6 +67,8 @@ def main() -> None:
     p.add_argument("--name", default="qwen3_30b")
     p.add_argument("--kv-budget-gb", type=float, default=16)
     p.add_argument("--max-num-seqs", type=int, default=32)
+    p.add_argument("--max-model-len", type=int, default=8192,
+                   help="longest sequence (the shapes have 40,960 positions; long-context tenants need 40,960)")
     p.add_argument("--kv-format", help="the KV format or preset (default: the GPU config's)")
     p.add_argument("--max-step-ms", type=float, help="stall-free batching's step target (default: off)")
     p.add_argument("--max-step-ratio", type=float,
@@ -78,7 +80,7 @@ def main() -> None:
                    help="steps with prompt chunks up to this many tokens as CUDA graphs (default: the engine's; "
                         "0: decode steps only)")
     a = p.parse_args()
-    options = {"kv_budget_bytes": int(a.kv_budget_gb * 2**30), "max_model_len": 8192,
+    options = {"kv_budget_bytes": int(a.kv_budget_gb * 2**30), "max_model_len": a.max_model_len,
                "max_num_seqs": a.max_num_seqs, "max_num_batched_tokens": 2048, "moe_routing": a.moe_routing}
     if a.kv_format:
         options["kv_format"] = a.kv_format

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadtest import metrics
+from loadtest import compare, metrics
 from loadtest.metrics import RequestRecord, derive, percentile, summarize
 from loadtest.records import JsonlWriter, read_records, write_run_meta
 from loadtest.report import PLOTS, build_summary, write_report
@@ -370,6 +370,33 @@ def test_report_from_raw_files(tmp_path):
     for fname in PLOTS.values():
         assert (tmp_path / fname).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", fname
         assert f"({fname})" in md
+
+
+def _step(users: int, share: float, rps: float) -> dict:
+    at = lambda v: {"p50": v, "p90": 2 * v}  # noqa: E731
+    return {"users": users, "overall": {"requests": 10, "failed": 0, "ttft_ms": at(100.0), "itl_ms": at(20.0 * users),
+                                        "goodput": {"share": share, "rate_rps": rps}, "output_throughput_tok_s": 50.0}}
+
+
+def test_compare_counts_the_sessions_held_at_the_slo(tmp_path):
+    """loadtest.compare: a config holds a step when 90% of its requests meet their SLO; sessions held is the most
+    users of a held step (not the last one before a failing step), goodput the best step's."""
+    runs = {"long_fp16": [_step(2, 1.0, 0.2), _step(4, 0.95, 0.3), _step(8, 0.5, 0.25), _step(16, 0.1, 0.1)],
+            "long_alrkvd": [_step(2, 1.0, 0.2), _step(4, 0.85, 0.35), _step(8, 0.9, 0.6), _step(16, 0.4, 0.5)]}
+    folders = []
+    for name, steps in runs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps({"by_concurrency": steps}))
+        folders.append(str(tmp_path / name))
+    assert compare.main(folders + ["--out", str(tmp_path / "cmp")]) == 0
+    result = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert result["configs"] == {"long_fp16": {"sessions_held": 4, "best_goodput_rps": 0.3},
+                                 "long_alrkvd": {"sessions_held": 8, "best_goodput_rps": 0.6}}
+    assert result["ratios"] == {"of": "long_alrkvd", "to": "long_fp16", "sessions_held": 2.0, "best_goodput": 2.0}
+    assert "sessions held 2.00x, best goodput 2.00x" in (tmp_path / "cmp" / "compare.md").read_text()
+    assert (tmp_path / "cmp" / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit):  # a run that left no summary
+        compare.main([str(tmp_path), "--out", str(tmp_path / "cmp")])
 
 
 def test_report_poisson_arrivals_and_empty_run(tmp_path):
