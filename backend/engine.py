@@ -53,6 +53,12 @@ class InjectedFault(RuntimeError):
 FAULTS = ("step", "engine")
 
 
+# Routing statistics of SmolLM2 split into experts on WikiText-2 (benchmarks/moe_routing.py, 32 of 128 experts;
+# journal 2026-12-04 9e): the busiest expert's load over the mean, and the share of a token's experts that the
+# previous token chose. moe_routing="local" gives dummy models these.
+LOCALITY = (2.16, 0.43)
+
+
 @dataclass
 class EngineArgs:
     model: str = "default"             # "default" (SmolLM2 GGUF), a .gguf file, or a HF folder
@@ -86,7 +92,8 @@ class EngineArgs:
     expert_prefetch: int = 1           # MoE layers ahead whose experts are prefetched (pre-gating); 0: on demand only
     expert_policy: str = "lru"         # expert cache eviction: "lru" or "lfu"
     moe_routing: str = "learned"       # "seeded": experts from a hash of each token's position and row, the same
-                                       # in every run and arm (dummy-weight benchmarks; Transformer.seed_routing)
+                                       # in every run and arm (dummy-weight benchmarks; Transformer.seed_routing);
+                                       # "local": the same with a trained router's load skew and reuse (LOCALITY)
 
 
 @dataclass
@@ -131,8 +138,8 @@ class LLMEngine:
         if args.kv_format not in FORMATS and args.kv_format not in PRESETS:  # fail before the (slow) model load
             raise ValueError(f"unknown kv format {args.kv_format!r}; choose a format {sorted(FORMATS)} "
                              f"or a preset {sorted(PRESETS)}")
-        if args.moe_routing not in ("learned", "seeded"):
-            raise ValueError(f"moe_routing must be 'learned' or 'seeded', not {args.moe_routing!r}")
+        if args.moe_routing not in ("learned", "seeded", "local"):
+            raise ValueError(f"moe_routing must be 'learned', 'seeded' or 'local', not {args.moe_routing!r}")
         if args.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', not {args.scheduling_policy!r}")
         if args.max_num_seqs > args.max_num_batched_tokens:
@@ -154,8 +161,8 @@ class LLMEngine:
         self.max_model_len = args.max_model_len or self.cfg.max_position_embeddings
         self.model.setup_rotary(self.max_model_len)
         self.moe_layers = [m for m in self.model.modules() if isinstance(m, MoE)]
-        if args.moe_routing == "seeded":
-            self.model.seed_routing(args.seed)
+        if args.moe_routing != "learned":
+            self.model.seed_routing(args.seed, locality=LOCALITY if args.moe_routing == "local" else None)
         most_tokens = max(args.max_num_batched_tokens, self.max_model_len)  # a step, or a `score` chunk
         ones = torch.ones(most_tokens * self.cfg.num_experts_per_tok, dtype=torch.float64,
                           device=args.device) if self.moe_layers else None

@@ -6,8 +6,10 @@ Parameter names follow the Hugging Face checkpoints so that loading is a plain s
 """
 from __future__ import annotations
 
+import functools
 import math
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -231,6 +233,44 @@ class Block(nn.Module):
         return self.mlp(x), residual
 
 
+def local_routes(num_experts: int, top_k: int, buckets: int, load_skew: float, reuse: float,
+                 seed: int) -> torch.Tensor:
+    """Routing tables [buckets, top_k] with a trained router's locality, as a chain over consecutive buckets:
+    bucket b + 1 keeps a Binomial(top_k, reuse) share of bucket b's experts and draws the rest, by a Zipf
+    popularity over the experts (their order drawn from `seed`), from those b did not use. The exponent makes
+    the busiest expert's load over the mean `load_skew` (`_zipf_exponent`). Measured on SmolLM2 split into
+    experts (benchmarks/moe_routing.py): skew 2.16, reuse 0.43 at 32 of 128 experts (uniform: 0.25)."""
+    assert 2 * top_k <= num_experts, "reuse is drawn apart from the previous experts: top_k at most half of them"
+    exponent = _zipf_exponent(num_experts, top_k, buckets, load_skew, reuse)
+    return torch.from_numpy(_route_chain(num_experts, top_k, buckets, reuse, exponent, seed))
+
+
+def _route_chain(num_experts: int, top_k: int, buckets: int, reuse: float, exponent: float, seed: int):
+    rng = np.random.default_rng(seed)
+    log_p = -exponent * np.log(np.arange(1.0, num_experts + 1))[rng.permutation(num_experts)]
+    out = np.empty((buckets, top_k), dtype=np.int64)
+    out[0] = np.argsort(-(log_p + rng.gumbel(size=num_experts)))[:top_k]
+    for b in range(1, buckets):
+        kept = rng.permutation(out[b - 1])[:rng.binomial(top_k, reuse)]
+        scores = log_p + rng.gumbel(size=num_experts)  # Gumbel top-k: draws without replacement by popularity
+        scores[out[b - 1]] = -np.inf
+        out[b] = np.concatenate([kept, np.argsort(-scores)[:top_k - len(kept)]])
+    return out
+
+
+@functools.lru_cache
+def _zipf_exponent(num_experts: int, top_k: int, buckets: int, load_skew: float, reuse: float) -> float:
+    """The popularity exponent whose chain has the busiest expert at `load_skew` times the mean load: bisection
+    over chains of one seed (the same draws for every exponent, so the skew moves smoothly with it)."""
+    lo, hi = 0.0, 4.0
+    for _ in range(12):
+        mid = (lo + hi) / 2
+        routes = _route_chain(num_experts, top_k, buckets, reuse, mid, seed=0)
+        busiest = np.bincount(routes.ravel(), minlength=num_experts).max() * num_experts / routes.size
+        lo, hi = (mid, hi) if busiest < load_skew else (lo, mid)
+    return (lo + hi) / 2
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -243,18 +283,27 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary: Rotary | None = None
         self.seeded_routing = 0  # buckets of seeded routing; 0: learned routing
+        self.route_stride = 7919
 
-    def seed_routing(self, seed: int, buckets: int = 4096):
+    def seed_routing(self, seed: int, buckets: int = 4096, locality: tuple[float, float] | None = None):
         """Route every token by a hash of its position and its row in the step, not by its hidden state: each
         bucket has its own top-k experts, drawn from `seed`, per MoE layer; the router's weights stay. For
         benchmarks on dummy weights, so that arms that compute different activations (KV formats, graphs or
-        eager) run the same experts, whatever ran before. Meaningless for a real model."""
+        eager) run the same experts, whatever ran before. Meaningless for a real model.
+        `locality` (load skew, reuse): instead of uniform draws, tables with a trained router's statistics
+        (`local_routes`), and consecutive positions of a row in consecutive buckets, so that a decoding
+        sequence's next token reuses experts as it would there (while its row in the batch stays; a prompt
+        chunk's tokens, one row each, do not)."""
         for i, m in enumerate(m for m in self.modules() if isinstance(m, MoE)):
-            g = torch.Generator().manual_seed(seed * 1009 + i)
             E = m.gate.out_features
-            routes = torch.stack([torch.randperm(E, generator=g)[:m.top_k] for _ in range(buckets)])
+            if locality is None:
+                g = torch.Generator().manual_seed(seed * 1009 + i)
+                routes = torch.stack([torch.randperm(E, generator=g)[:m.top_k] for _ in range(buckets)])
+            else:
+                routes = local_routes(E, m.top_k, buckets, *locality, seed=seed * 1009 + i)
             m.seeded_routes = routes.to(self.embed_tokens.weight.device)
         self.seeded_routing = buckets
+        self.route_stride = 7919 if locality is None else 1  # position -> bucket: scattered, or consecutive
 
     def setup_rotary(self, max_len: int):
         self.rotary = Rotary(self.cfg, max_len, self.embed_tokens.weight.device)
@@ -265,7 +314,7 @@ class Transformer(nn.Module):
         rope = self.rotary.at(positions, x.dtype)
         if self.seeded_routing:  # on the device, from the step's own buffers: captured in CUDA graphs too
             rows = torch.arange(tokens.shape[0], device=tokens.device)
-            keys = (positions * 7919 + rows * 104729) % self.seeded_routing
+            keys = (positions * self.route_stride + rows * 104729) % self.seeded_routing
             for layer in self.layers:
                 if isinstance(layer.mlp, MoE):
                     layer.mlp.route_keys = keys

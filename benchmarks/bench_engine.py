@@ -441,8 +441,9 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--kv-formats", default="fp16", help="e.g. fp16,alrkvd: paged KV formats compared")
     ap.add_argument("--expert-fractions", default="1.0", help="e.g. 1.0,0.5: expert cache sizes (streaming below 1)")
-    ap.add_argument("--routing", default="seeded", choices=["seeded", "learned"],
-                    help="MoE routing of the dummy models: seeded (the same experts in every arm) or learned")
+    ap.add_argument("--routing", default="seeded", choices=["seeded", "local", "learned"],
+                    help="MoE routing of the dummy models: seeded (the same experts in every arm), local (the same, "
+                         "with a trained router's load skew and reuse: expert-cache benchmarks) or learned")
     ap.add_argument("--out")
     args = ap.parse_args()
     ROUTING["moe_routing"] = args.routing

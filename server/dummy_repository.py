@@ -73,9 +73,10 @@ def main() -> None:
     p.add_argument("--max-step-ms", type=float, help="stall-free batching's step target (default: off)")
     p.add_argument("--max-step-ratio", type=float,
                    help="stall-free batching's step target relative to a decode step (default: off)")
-    p.add_argument("--moe-routing", default="seeded", choices=["seeded", "learned"],
+    p.add_argument("--moe-routing", default="seeded", choices=["seeded", "local", "learned"],
                    help="seeded (default): experts from each token's position and row, the same in every config "
-                        "compared; learned: the dummy router's")
+                        "compared; local: the same with a trained router's load skew and reuse; learned: the "
+                        "dummy router's")
     p.add_argument("--cuda-graph-max-tokens", type=int,
                    help="steps with prompt chunks up to this many tokens as CUDA graphs (default: the engine's; "
                         "0: decode steps only)")

@@ -14,7 +14,8 @@ import torch  # noqa: E402
 
 from backend.cuda_graphs import StepGraphs  # noqa: E402
 from backend.engine import EngineArgs, LLMEngine  # noqa: E402
-from backend.model import MoE  # noqa: E402
+from backend.engine import LOCALITY  # noqa: E402
+from backend.model import MoE, local_routes  # noqa: E402
 from backend.sampling import SamplingParams  # noqa: E402
 from kernels.alrkvd_attention import alrkvd_decode_attention_ref, kernel_options  # noqa: E402
 from kernels.kivi_attention import kivi_decode_attention_ref  # noqa: E402
@@ -206,3 +207,38 @@ def test_seeded_routing_runs_the_same_experts_whatever_the_activations(tmp_path)
     x = torch.randn(5, QWEN3_MOE["hidden_size"], device=DEVICE)
     moe.route_keys = torch.arange(5, device=DEVICE)
     assert torch.equal(moe.route(x)[1], moe.route(-x)[1])  # the experts do not depend on the hidden state
+
+
+def test_local_routing_has_the_measured_locality(tmp_path):
+    """`moe_routing="local"` (dummy-weight benchmarks of expert caching): tables whose busiest expert and reuse by
+    the next token are SmolLM2-MoE's (LOCALITY), reproducible; through the engine, a decoding sequence's
+    consecutive tokens reuse experts at that rate, where uniform seeded routing gives top_k / experts."""
+    routes = local_routes(128, 8, 4096, *LOCALITY, seed=1)
+    assert torch.equal(routes, local_routes(128, 8, 4096, *LOCALITY, seed=1))
+    onehot = torch.zeros(4096, 128).scatter_(1, routes, 1.0)
+    assert (onehot.sum(1) == 8).all()  # eight distinct experts a token
+    assert abs(onehot.sum(0).max().item() * 128 / routes.numel() - LOCALITY[0]) < 0.2
+    assert abs((onehot[1:] * onehot[:-1]).sum(1).mean().item() / 8 - LOCALITY[1]) < 0.03
+    reuse = {}
+    for routing in ("local", "seeded"):
+        (tmp_path / routing).mkdir()
+        (tmp_path / routing / "config.json").write_text(json.dumps({**QWEN3_MOE, "num_experts": 16}))
+        engine = LLMEngine(EngineArgs(model=str(tmp_path / routing), load_format="dummy", tokenizer="none",
+                                      device=DEVICE, dtype="float32", max_num_seqs=1, moe_routing=routing,
+                                      enforce_eager=True))
+        moe = next(m for m in engine.model.modules() if isinstance(m, MoE))
+        chosen, route = [], moe.route
+
+        def recording_route(x, route=route, chosen=chosen):  # the first MoE layer's choices, step by step
+            weights, ids = route(x)
+            chosen.append(ids)
+            return weights, ids
+        moe.route = recording_route
+        engine.add_request(None, SamplingParams(max_tokens=400, temperature=0, ignore_eos=True), prompt_ids=[1, 2])
+        while engine.has_unfinished():
+            engine.step()
+        ids = torch.cat(chosen[1:]).cpu()  # the decode steps, one token each
+        onehot = torch.zeros(len(ids), 16).scatter_(1, ids, 1.0)
+        reuse[routing] = (onehot[1:] * onehot[:-1]).sum(1).mean().item() / 2
+    assert abs(reuse["local"] - LOCALITY[1]) < 0.08 and abs(reuse["seeded"] - 2 / 16) < 0.06, reuse
+
