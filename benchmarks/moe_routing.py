@@ -10,7 +10,10 @@ each MoE layer's chosen experts per token, and reports per layer:
   name (a co-occurrence table fitted on the first half of the tokens, scored on the second half);
 - an LRU cache of 25% and 50% of each layer's experts (the shared expert stays resident), tokens one at a time
   as batch-1 decode: its hit rate,
-  against the same cache under uniform random routing with the same k (seeded).
+  against the same cache under uniform random routing with the same k (seeded);
+- hit rate against cache size (25% to 75%) for LRU, LFU and Belady's offline optimum (the bound any policy
+  meets), on this router, on uniform routing and on `moe_routing="local"`'s tables (backend/model.py
+  `local_routes` with the engine's LOCALITY), whose statistics come from this router.
 Writes routing.json and routing.png to --out.
 """
 from __future__ import annotations
@@ -19,7 +22,6 @@ import argparse
 import json
 import math
 import os
-from collections import OrderedDict
 
 import torch
 
@@ -48,18 +50,33 @@ def record_routing(model: str, tokens: int) -> tuple[torch.Tensor, int]:
     return torch.stack([torch.cat(c) for c in chosen]), moes[0].gate.out_features
 
 
-def lru_hit_rate(ids: torch.Tensor, slots: int) -> float:
-    """ids [T, k] of one layer, tokens in order (batch-1 decode): the share of a token's experts already in an
-    LRU cache of `slots` (>= k) experts when its step starts; then all k are loaded and become the newest."""
-    cache, hits = OrderedDict(), 0
-    for row in ids.tolist():
-        hits += sum(e in cache for e in row)
-        for e in row:
-            cache.pop(e, None)
-            cache[e] = None
-        while len(cache) > slots:
-            cache.popitem(last=False)
+def cache_hit_rate(ids: torch.Tensor, slots: int, policy: str) -> float:
+    """ids [T, k] of one layer, tokens in order: the share of a token's experts already cached when its step
+    starts, for a cache of `slots` (>= k) experts that then holds all k. Evicts the least recently used
+    (`lru`), the least often used so far (`lfu`, ties: least recent) or the one needed again latest (`belady`)."""
+    rows = ids.tolist()
+    next_use = [dict() for _ in rows]  # token t: expert -> the next token after t that uses it
+    upcoming: dict[int, int] = {}
+    for t in range(len(rows) - 1, -1, -1):
+        next_use[t] = {e: upcoming.get(e, len(rows)) for e in rows[t]}
+        for e in rows[t]:
+            upcoming[e] = t
+    cached: dict[int, tuple] = {}  # expert -> eviction key (smallest goes first)
+    uses: dict[int, int] = {}
+    hits = 0
+    for t, row in enumerate(rows):
+        hits += sum(e in cached for e in row)
+        for j, e in enumerate(row):  # (t, j): the order the experts went in, as an LRU list has it
+            uses[e] = uses.get(e, 0) + 1
+            cached[e] = {"lru": (t, j), "lfu": (uses[e], t, j), "belady": (-next_use[t][e], t, j)}[policy]
+        while len(cached) > slots:
+            victim = min((e for e in cached if e not in row), key=cached.get)
+            del cached[victim]
     return hits / ids.numel()
+
+
+CACHE_FRACTIONS = (0.25, 0.375, 0.5, 0.75)
+POLICIES = ("lru", "lfu", "belady")
 
 
 def layer_stats(ids: torch.Tensor, prev: torch.Tensor | None, E: int) -> dict:
@@ -93,11 +110,18 @@ def main(argv=None):
     fractions = (0.25, 0.5)
     for i, s in enumerate(layers):
         for f in fractions:
-            s[f"lru_hit_{f}"] = lru_hit_rate(chosen[i], int(E * f))
-            s[f"lru_hit_{f}_uniform"] = lru_hit_rate(uniform[i], int(E * f))
+            s[f"lru_hit_{f}"] = cache_hit_rate(chosen[i], int(E * f), "lru")
+            s[f"lru_hit_{f}_uniform"] = cache_hit_rate(uniform[i], int(E * f), "lru")
     mean = {key: sum(s[key] for s in layers if key in s) / sum(key in s for s in layers) for key in layers[1]}
+    from backend.engine import LOCALITY
+    from backend.model import local_routes
+    local = torch.stack([local_routes(E, k, T, *LOCALITY, seed=i) for i in range(L)])
+    policies = {source: {p: {f: sum(cache_hit_rate(ids[i], int(E * f), p) for i in range(L)) / L
+                                 for f in CACHE_FRACTIONS} for p in POLICIES}
+                for source, ids in (("router", chosen), ("uniform", uniform), ("local", local))}
     result = {"model": a.model, "tokens": T, "experts": E, "top_k": k, "text": os.path.basename(DEFAULT_TEXT),
-              "uniform_reuse": k / E, "mean": mean, "layers": layers}
+              "uniform_reuse": k / E, "mean": mean, "layers": layers, "locality": LOCALITY,
+              "cache_policies": policies}
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "routing.json"), "w") as f:
         json.dump(result, f, indent=1)
@@ -111,6 +135,10 @@ def main(argv=None):
               f"{s.get('predicted_from_previous_layer', float('nan')):8.3f} "
               + " ".join(f"{s[f'lru_hit_{f}']:8.3f} {s[f'lru_hit_{f}_uniform']:7.3f}" for f in fractions))
     print(f"uniform routing: reuse {k / E:.3f}, from L-1 {k / E:.3f}")
+    print("cache hit rate, mean over layers, " + " ".join(f"{int(f * 1000) / 10:>6}%" for f in CACHE_FRACTIONS))
+    for source, by_policy in policies.items():
+        for p, rates in by_policy.items():
+            print(f"{source:>8} {p:>7} " + " ".join(f"{rates[f]:7.3f}" for f in CACHE_FRACTIONS))
 
 
 def plot(result: dict, chosen: torch.Tensor, E: int, path: str):
@@ -120,7 +148,7 @@ def plot(result: dict, chosen: torch.Tensor, E: int, path: str):
     L = chosen.shape[0]
     load = torch.stack([torch.bincount(chosen[i].flatten(), minlength=E).float() for i in range(L)])
     load = (load / load.mean(1, keepdim=True)).sort(1, descending=True).values
-    fig, ax = plt.subplots(1, 3, figsize=(16, 4.5))
+    fig, ax = plt.subplots(1, 4, figsize=(21, 4.5))
     im = ax[0].imshow(load.numpy(), aspect="auto", cmap="viridis")
     ax[0].set(title="expert load / mean (experts sorted per layer)", xlabel="expert rank", ylabel="layer")
     fig.colorbar(im, ax=ax[0])
@@ -137,6 +165,13 @@ def plot(result: dict, chosen: torch.Tensor, E: int, path: str):
         ax[2].plot(x, [s[f"lru_hit_{f}_uniform"] for s in layers], "--", color=c, label=f"LRU {int(f * 100)}%, uniform")
     ax[2].set(title="expert cache hit rate, batch-1 decode", xlabel="layer", ylabel="hit rate", ylim=(0, 1))
     ax[2].legend()
+    for (source, by_policy), c in zip(result["cache_policies"].items(), ("C0", "C1", "C2")):
+        for p, style in zip(POLICIES, ("o-", "s--", "^:")):
+            ax[3].plot([100 * f for f in CACHE_FRACTIONS], [by_policy[p][f] for f in CACHE_FRACTIONS], style, color=c,
+                       label=f"{source}, {p}")
+    ax[3].set(title="hit rate against cache size (mean over layers)", xlabel="cache, % of a layer's experts",
+              ylabel="hit rate", ylim=(0, 1))
+    ax[3].legend(fontsize=7)
     fig.suptitle(f"{result['model']}: routing on {result['tokens']} tokens of {result['text']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
