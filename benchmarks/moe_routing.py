@@ -23,6 +23,7 @@ import json
 import math
 import os
 
+import numpy as np
 import torch
 
 from backend.engine import EngineArgs, LLMEngine
@@ -53,26 +54,35 @@ def record_routing(model: str, tokens: int) -> tuple[torch.Tensor, int]:
 def cache_hit_rate(ids: torch.Tensor, slots: int, policy: str) -> float:
     """ids [T, k] of one layer, tokens in order: the share of a token's experts already cached when its step
     starts, for a cache of `slots` (>= k) experts that then holds all k. Evicts the least recently used
-    (`lru`), the least often used so far (`lfu`, ties: least recent) or the one needed again latest (`belady`)."""
-    rows = ids.tolist()
-    next_use = [dict() for _ in rows]  # token t: expert -> the next token after t that uses it
-    upcoming: dict[int, int] = {}
-    for t in range(len(rows) - 1, -1, -1):
-        next_use[t] = {e: upcoming.get(e, len(rows)) for e in rows[t]}
-        for e in rows[t]:
-            upcoming[e] = t
-    cached: dict[int, tuple] = {}  # expert -> eviction key (smallest goes first)
-    uses: dict[int, int] = {}
+    (`lru`), the least often used so far (`lfu`, ties: least recent) or the one needed again latest (`belady`);
+    among one token's experts, the earlier in its row counts as the older (an LRU list's insertion order)."""
+    rows = ids.numpy()
+    T, k = rows.shape
+    E = int(rows.max()) + 1
+    next_use = np.full((T, k), T)  # the next token after t that uses row t's expert j
+    upcoming = np.full(E, T)
+    for t in range(T - 1, -1, -1):
+        next_use[t] = upcoming[rows[t]]
+        upcoming[rows[t]] = t
+    cached = np.zeros(E, dtype=bool)
+    uses = np.zeros(E, dtype=np.int64)
+    priority = np.zeros(E)  # smallest goes first
+    order = np.arange(k)
     hits = 0
-    for t, row in enumerate(rows):
-        hits += sum(e in cached for e in row)
-        for j, e in enumerate(row):  # (t, j): the order the experts went in, as an LRU list has it
-            uses[e] = uses.get(e, 0) + 1
-            cached[e] = {"lru": (t, j), "lfu": (uses[e], t, j), "belady": (-next_use[t][e], t, j)}[policy]
-        while len(cached) > slots:
-            victim = min((e for e in cached if e not in row), key=cached.get)
-            del cached[victim]
-    return hits / ids.numel()
+    for t in range(T):
+        row = rows[t]
+        hits += int(cached[row].sum())
+        uses[row] += 1
+        recency = t * k + order  # exact in float64: T * k < 2**53
+        priority[row] = {"lru": recency, "lfu": uses[row] * T * k + recency,
+                         "belady": -next_use[t] * T * k + recency}[policy]
+        cached[row] = True
+        excess = int(cached.sum()) - slots
+        if excess > 0:
+            candidates = np.flatnonzero(cached)
+            candidates = candidates[~np.isin(candidates, row)]
+            cached[candidates[np.argsort(priority[candidates], kind="stable")[:excess]]] = False
+    return hits / rows.size
 
 
 CACHE_FRACTIONS = (0.25, 0.375, 0.5, 0.75)
