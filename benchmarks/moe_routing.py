@@ -26,9 +26,9 @@ import os
 import numpy as np
 import torch
 
-from backend.engine import EngineArgs, LLMEngine
+from backend.engine import LOCALITY, EngineArgs, LLMEngine
 from backend.evaluate import DEFAULT_TEXT
-from backend.model import MoE
+from backend.model import MoE, local_routes
 
 
 def record_routing(model: str, tokens: int) -> tuple[torch.Tensor, int]:
@@ -116,19 +116,19 @@ def main(argv=None):
     L, T, k = chosen.shape
     uniform = torch.stack([torch.rand(T, E, generator=torch.Generator().manual_seed(i)).topk(k, 1).indices
                            for i in range(L)])
+    local = torch.stack([local_routes(E, k, T, *LOCALITY, seed=i) for i in range(L)])
+    hits = {source: {p: {f: [cache_hit_rate(ids[i], int(E * f), p) for i in range(L)] for f in CACHE_FRACTIONS}
+                     for p in POLICIES}
+            for source, ids in (("router", chosen), ("uniform", uniform), ("local", local))}  # per layer
     layers = [layer_stats(chosen[i], chosen[i - 1] if i else None, E) for i in range(L)]
     fractions = (0.25, 0.5)
     for i, s in enumerate(layers):
         for f in fractions:
-            s[f"lru_hit_{f}"] = cache_hit_rate(chosen[i], int(E * f), "lru")
-            s[f"lru_hit_{f}_uniform"] = cache_hit_rate(uniform[i], int(E * f), "lru")
+            s[f"lru_hit_{f}"] = hits["router"]["lru"][f][i]
+            s[f"lru_hit_{f}_uniform"] = hits["uniform"]["lru"][f][i]
     mean = {key: sum(s[key] for s in layers if key in s) / sum(key in s for s in layers) for key in layers[1]}
-    from backend.engine import LOCALITY
-    from backend.model import local_routes
-    local = torch.stack([local_routes(E, k, T, *LOCALITY, seed=i) for i in range(L)])
-    policies = {source: {p: {f: sum(cache_hit_rate(ids[i], int(E * f), p) for i in range(L)) / L
-                                 for f in CACHE_FRACTIONS} for p in POLICIES}
-                for source, ids in (("router", chosen), ("uniform", uniform), ("local", local))}
+    policies = {source: {p: {f: sum(rates) / L for f, rates in by_size.items()} for p, by_size in by_policy.items()}
+                for source, by_policy in hits.items()}
     result = {"model": a.model, "tokens": T, "experts": E, "top_k": k, "text": os.path.basename(DEFAULT_TEXT),
               "uniform_reuse": k / E, "mean": mean, "layers": layers, "locality": LOCALITY,
               "cache_policies": policies}
