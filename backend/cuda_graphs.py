@@ -8,8 +8,9 @@ Two kinds of step replay a graph:
 - decode steps, one graph per batch size (every size up to `max_batch`);
 - steps that carry prompt chunks beside decodes, up to `max_tokens` tokens, one graph per size bucket
   (`token_sizes`): the step's rows are padded to the bucket with rows that write and read the cache's
-  scratch block (or window slot) only. Page-addressed formats attend with the tiles kernel (kernels/paged_attention.py
-  `paged_tiles_attention`), which takes the prompt chunks' causal rows and the decodes in one launch;
+  scratch block (or window slot) only. Page-addressed formats attend with the tiles kernel
+  (kernels/paged_attention.py `paged_tiles_attention`), which takes the prompt chunks' causal rows and the
+  decodes in one launch;
   windowed formats (ALR-KVD, KIVI) read every row as a decode of its own length, with chunks that end at
   their block's end (`PagedKVCache.mixed_rows_supported`, `mixed_chunk_limit`). The scheduler cuts prompt
   chunks beside decodes to fit.
@@ -17,8 +18,9 @@ Graphs are captured the first time a size runs; `capture_all` captures every siz
 does, at start-up).
 
 What a graph cannot hold runs eagerly: larger steps (a prompt alone, in chunks of up to
-`max_num_batched_tokens`), and the blocks a step fills, which `PagedKVCache.commit` compresses after it. Models whose experts stream from host memory
-(backend/experts.py) decide on the host which experts to copy, so they are not captured.
+`max_num_batched_tokens`), and the blocks a step fills, which `PagedKVCache.commit` compresses after it.
+Models whose experts stream from host memory (backend/experts.py) decide on the host which experts to copy,
+so they are not captured.
 """
 from __future__ import annotations
 
@@ -35,8 +37,8 @@ TOKEN_SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048)  # graph sizes of steps wi
 class StepGraphs:
     def __init__(self, model: Transformer, cache: PagedKVCache, max_batch: int, max_len: int, max_tokens: int = 0,
                  capture: bool = True):
-        """`max_tokens`: the most tokens of a step with prompt chunks that replays a graph (0, or a cache
-        without the tiles kernel: decode steps only). `capture=False` runs the same static buffers eagerly
+        """`max_tokens`: the most tokens of a step with prompt chunks that replays a graph (0, or a cache whose
+        rows cannot attend so, `PagedKVCache.mixed_rows_supported`: decode steps only). `capture=False` runs the same static buffers eagerly
         (a CPU test of everything but the capture)."""
         self.model, self.cache, self.max_batch, self.capture = model, cache, max_batch, capture
         self.max_tokens = max(max_tokens, max_batch) if max_tokens and cache.mixed_rows_supported() else 0
@@ -106,10 +108,9 @@ class StepGraphs:
         if cache.windowed:
             largest = min(largest, len(cache.free_slots))
         drives = [[1] * B for B in range(largest, 0, -1)]  # largest first: the smaller graphs reuse its pool's memory
-        bs = cache.block_size
-        chunks = lambda T: [bs] * (T // bs) + [T % bs] * (T % bs > 0) if cache.windowed else [T]  # noqa: E731
-        drives = [chunks(T) for T in reversed(self.token_sizes)
-                  if cache.allocator.num_free > -(-T // bs) and len(chunks(T)) <= largest] + drives
+        drives = [cache.new_prompt_chunks(T) for T in reversed(self.token_sizes)
+                  if cache.allocator.num_free > -(-T // cache.block_size)
+                  and len(cache.new_prompt_chunks(T)) <= largest] + drives
         for query_lens in drives:
             seqs = [SeqKV() for _ in query_lens]
             try:

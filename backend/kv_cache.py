@@ -101,8 +101,8 @@ class PagedKVCache:
         self.slot_bytes = dense_kv_bytes(cfg, self.block_size + self.sink_tokens, dtype.itemsize) + self.attn_slot_bytes
         num_blocks = (budget_bytes - num_slots * self.slot_bytes) // self.block_bytes
         if num_blocks < 2:
-            raise ValueError(f"KV budget of {budget_bytes} bytes holds no block ({self.block_bytes} B per block"
-                             f" + {num_slots} window slots of {self.slot_bytes} B)")
+            raise ValueError(f"KV budget of {budget_bytes} bytes holds no block beside the scratch block "
+                             f"({self.block_bytes} B per block + {num_slots} window slots of {self.slot_bytes} B)")
         self.format = fmt_cls(**shape, device=device, num_blocks=num_blocks, block_size=self.block_size, **options)
         if hasattr(self.format, "set_rotary"):  # formats that rotate keys themselves (alrkvd post_rope)
             self.format.set_rotary(rotary)
@@ -325,6 +325,12 @@ class PagedKVCache:
         """The most prompt tokens of `seq` such a step takes: a windowed format holds a sequence's newest block
         in its window slot, so the chunk ends where that block does (it closes at commit)."""
         return self.block_size - seq.num_tokens % self.block_size if self.windowed else 1 << 30
+
+    def new_prompt_chunks(self, tokens: int) -> list[int]:
+        """How such a step takes `tokens` prompt tokens of sequences that start at a block's start: one chunk,
+        or (windowed formats) chunks of a block each."""
+        bs = self.block_size
+        return [bs] * (tokens // bs) + [tokens % bs] * (tokens % bs > 0) if self.windowed else [tokens]
 
     def num_tiles(self, rows: int, num_seqs: int) -> int:
         """The most query tiles a step of `rows` rows over at most `num_seqs` sequences (and padding) needs;

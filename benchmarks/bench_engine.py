@@ -351,13 +351,13 @@ def bench_gpu_mixed(name: str, batches, contexts, step_tokens: int, steps: int, 
         torch.cuda.synchronize()
         return (time.perf_counter() - t0) * 1e3
 
-    bs = cache.block_size
     for batch in batches:
         for context in contexts:
             chunk = step_tokens - batch
-            parts = [bs] * (chunk // bs) + [chunk % bs] * (chunk % bs > 0) if cache.windowed else [chunk]
+            parts = cache.new_prompt_chunks(chunk)  # after `context` cached tokens, a multiple of the block size
             seqs = batch + len(parts)
-            if cache.blocks_needed(SeqKV(), seqs * (context + bs + chunk)) + seqs > cache.allocator.num_free:
+            need = cache.blocks_needed(SeqKV(), seqs * (context + cache.block_size + chunk)) + seqs
+            if need > cache.allocator.num_free:
                 print(json.dumps({"batch": batch, "context": context, "skipped": "the KV cache is too small"}))
                 continue
             rids = [synthetic(context, context - 1, 3 * steps + 12) for _ in range(batch)]
