@@ -371,9 +371,7 @@ class LLMEngine:
             raise InjectedFault("injected fault in an engine step (test hook)")
         outputs = self._run(scheduled)
         if self.step_cost is not None:  # the step's tokens have synchronised: its wall time is its cost
-            num_decode = sum(1 for _, n in scheduled if n == 1)
-            self.step_cost.observe(num_decode, sum(n for _, n in scheduled) - num_decode,
-                                   (time.perf_counter() - start) * 1e3)
+            self.step_cost.observe(sum(n for _, n in scheduled), (time.perf_counter() - start) * 1e3)
         return outputs
 
     def _run(self, scheduled: list[tuple[Sequence, int]]) -> list[RequestOutput]:

@@ -1,49 +1,80 @@
 """How many prompt tokens fit in a step that should last at most `target_ms`, or at most `target_ratio` times a
 decode-only step of the running batch (stall-free batching; with both, the smaller).
 
-A step carries every running decode first, then prefill chunks. Its time is modelled from the
-steps the engine has run: `decode_ms`, a running mean over steps that carried only decodes, and
-`prefill_ms_per_token`, a running mean of what each prompt token added on top of that. Before
-either is known the estimates are pessimistic (no decode baseline: a prompt token pays for the
-whole step), so the first chunks come out small rather than stalling the streams.
+A step carries every running decode first, then prefill chunks. Its time is modelled as a function of the
+tokens it carries, learned from the steps the engine has run: running means of (tokens, ms) in buckets about
+19% wide. The curve is concave where it matters (a MoE step reads most of its weights once whatever its
+tokens, so a step of 8 decodes costs 2x one decode and a 256-token step 1.4x a 32-token one on the H200),
+so a per-token slope measured on small steps would price big chunks far too high. Between measured points
+the estimate interpolates. Past the largest it follows the chord from the smallest, which a concave curve
+never exceeds there (a budget found there is safe, and the next step measures it); below the smallest it is in
+proportion to the tokens, which a concave curve through the origin never falls short of there (a decode step
+not yet measured is not overstated in a ratio target). Before anything is measured, chunks beside decodes are
+small rather than stalling the streams.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
+import math
+from dataclasses import dataclass, field
 
-SMOOTHING = 0.2  # weight of the newest step in the running means: follows a changing batch in ~5 steps
+SMOOTHING = 0.2  # weight of the newest step in a bucket's running means: follows a changing batch in ~5 steps
+BUCKETS_PER_OCTAVE = 4
 
 
 @dataclass
 class StepCost:
     target_ms: float | None = None
-    target_ratio: float | None = None  # relative to `decode_ms`: the streams' inter-token p99 over p50, roughly
+    target_ratio: float | None = None  # relative to a decode-only step: the streams' inter-token p99 over p50
     min_chunk: int = 16  # prompt tokens a step always takes, so prompts progress under any target
-    decode_ms: float | None = None
-    prefill_ms_per_token: float | None = None
+    curve: dict[int, tuple[float, float]] = field(default_factory=dict)  # bucket -> (mean tokens, mean ms)
+
+    def estimate_ms(self, tokens: int) -> float | None:
+        """A step of `tokens` tokens (decodes and prompt tokens alike), or None before any step is measured."""
+        if not self.curve:
+            return None
+        points = [self.curve[b] for b in sorted(self.curve)]
+        xs = [x for x, _ in points]
+        ys = list(_running_max(y for _, y in points))  # more tokens never cost less
+        if tokens >= xs[-1]:  # the chord from the smallest point on (from the origin while only one is known)
+            x0, y0 = (xs[0], ys[0]) if len(xs) > 1 else (0.0, 0.0)
+            return ys[-1] + (ys[-1] - y0) / (xs[-1] - x0) * (tokens - xs[-1])
+        if tokens <= xs[0]:
+            return ys[0] * tokens / xs[0]
+        i = bisect.bisect_right(xs, tokens)
+        (x0, y0), (x1, y1) = (xs[i - 1], ys[i - 1]), (xs[i], ys[i])
+        return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
 
     def prefill_budget(self, num_decode: int, max_tokens: int) -> int:
         """Prompt tokens for the next step, which carries `num_decode` decodes, of at most `max_tokens`."""
         room = max_tokens - num_decode
-        if num_decode == 0 or self.prefill_ms_per_token is None:
-            # nobody streams yet, so nobody stalls; or nothing measured yet: take the whole room
-            # when alone, a minimal chunk beside decodes
-            return room if num_decode == 0 else min(room, self.min_chunk)
+        if num_decode == 0:  # nobody streams, so nobody stalls
+            return room
+        floor = min(room, self.min_chunk)
+        decode_ms = self.estimate_ms(num_decode)
+        if decode_ms is None:  # nothing measured yet
+            return floor
         target = self.target_ms if self.target_ms is not None else float("inf")
-        if self.target_ratio is not None and self.decode_ms is not None:
-            target = min(target, self.target_ratio * self.decode_ms)
-        if target == float("inf"):  # a ratio without a decode step measured yet
-            return min(room, self.min_chunk)
-        spare = target - (self.decode_ms or 0.0)
-        return max(min(room, self.min_chunk), min(room, int(spare / self.prefill_ms_per_token)))
+        if self.target_ratio is not None:
+            target = min(target, self.target_ratio * decode_ms)
+        lo, hi = 0, room  # the most prompt tokens whose step fits the target (the estimate grows with tokens)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.estimate_ms(num_decode + mid) <= target:
+                lo = mid
+            else:
+                hi = mid - 1
+        return max(floor, lo)
 
-    def observe(self, num_decode: int, num_prefill: int, ms: float) -> None:
-        if num_prefill == 0:
-            self.decode_ms = _mean(self.decode_ms, ms)
-            return
-        base = self.decode_ms if num_decode and self.decode_ms is not None else 0.0
-        self.prefill_ms_per_token = _mean(self.prefill_ms_per_token, max(ms - base, 0.0) / num_prefill)
+    def observe(self, num_tokens: int, ms: float) -> None:
+        bucket = round(BUCKETS_PER_OCTAVE * math.log2(num_tokens))
+        old = self.curve.get(bucket)
+        self.curve[bucket] = (num_tokens, ms) if old is None else (
+            (1 - SMOOTHING) * old[0] + SMOOTHING * num_tokens, (1 - SMOOTHING) * old[1] + SMOOTHING * ms)
 
 
-def _mean(old: float | None, new: float) -> float:
-    return new if old is None else (1 - SMOOTHING) * old + SMOOTHING * new
+def _running_max(values):
+    best = -math.inf
+    for v in values:
+        best = max(best, v)
+        yield best
