@@ -18,7 +18,8 @@ Graphs are captured the first time a size runs; `capture_all` captures every siz
 does, at start-up).
 
 What a graph cannot hold runs eagerly: larger steps (a prompt alone, in chunks of up to
-`max_num_batched_tokens`), and the blocks a step fills, which `PagedKVCache.commit` compresses after it.
+`max_num_batched_tokens`), windowed formats' prompt chunks that cross a block's end (prompts with nobody
+decoding beside them, which the scheduler does not cut), and the blocks a step fills, which `PagedKVCache.commit` compresses after it.
 Models whose experts stream from host memory (backend/experts.py) decide on the host which experts to copy,
 so they are not captured.
 """
@@ -70,8 +71,9 @@ class StepGraphs:
         if all(n == 1 for n in batch.query_lens):
             key, size, pad, num_tiles = ("decode", B), B, (0, 0, 0), 0
         else:
-            if T > self.max_tokens:
-                return None
+            limit = self.cache.mixed_chunk_limit
+            if T > self.max_tokens or any(n > limit(s) for s, n in zip(batch.seqs, batch.query_lens)):
+                return None  # too large, or (windowed formats) a prompt alone in chunks across blocks
             size = next(s for s in self.token_sizes if s >= T)
             # padding rows write into the cache's scratch block (windowed formats: its scratch window slot)
             place = (self.cache.scratch_block, self.cache.scratch_slot)

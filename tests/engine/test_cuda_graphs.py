@@ -147,11 +147,13 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format):
     engine = engine_for(tmp_path, QWEN3_MOE, kv_format)
     bs = engine.cache.block_size
     g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (5, 2 * bs + 7, bs - 3, bs + 1)]
+    # two prompts start together, nothing decoding: a step of 5 + bs + 20 tokens that fits the graph's 2 bs rows
+    # but not its window slots (it crosses a block), so it runs eagerly
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (5, bs + 20, 2 * bs + 7, bs - 3, bs + 1)]
 
     def generate():
         params = SamplingParams(max_tokens=bs + 4, temperature=0, ignore_eos=True)
-        rids, done, plans = [engine.add_request(None, params, prompt_ids=prompts[0])], {}, []
+        rids, done, plans = [engine.add_request(None, params, prompt_ids=p) for p in prompts[:2]], {}, []
         for step in range(400):
             if step in (2, 3, 5):  # newcomers while the first decodes
                 rids.append(engine.add_request(None, params, prompt_ids=prompts[len(rids)]))
@@ -163,15 +165,15 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format):
                 return [done[r] for r in rids], plans
 
     engine.graphs = StepGraphs(engine.model, engine.cache, 0 if DEVICE == "cpu" else 4, engine.max_model_len,
-                               max_tokens=64, capture=False)  # CPU: no batch fits the runner, every step eager
+                               max_tokens=2 * bs, capture=False)  # CPU: no batch fits the runner, every step eager
     expected, eager_plans = generate()
-    engine.graphs = StepGraphs(engine.model, engine.cache, 4, engine.max_model_len, max_tokens=64,
+    engine.graphs = StepGraphs(engine.model, engine.cache, 4, engine.max_model_len, max_tokens=2 * bs,
                                capture=DEVICE == "cuda")
     engine.graphs.capture_all()
-    assert ("mixed", 64) in engine.graphs.graphs
+    assert ("mixed", 2 * bs) in engine.graphs.graphs
     tokens, plans = generate()
     assert tokens == expected and plans == eager_plans
-    mixed = [p for p in plans if len(p) > 1 and max(n for _, n in p) > 1]
+    mixed = [p for p in plans if min(n for _, n in p) == 1 and max(n for _, n in p) > 1]  # chunks beside decodes
     assert mixed and all(start % bs + n <= bs for p in mixed for start, n in p)  # chunks end at their block's end
     assert any(n > 1 and (start + n) % bs == 0 for p in mixed for start, n in p)  # and some close their block
     cache = engine.cache
