@@ -20,12 +20,14 @@ unchanged) and each routed expert's down projection is multiplied by k; the shar
 
   alrkvd-moefy build [--out DIR]          # what `make setup` runs
   alrkvd-moefy fit --shared 512 --experts 128 --top-k 32 [--tokens N]   # the committed split (8-neuron experts)
+  alrkvd-moefy tune --rank R --steps S        # then distil: low-rank corrections of the experts, in the split file
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
+import math
 import os
 import shutil
 
@@ -87,8 +89,8 @@ def build(out: str, split_file: str = SPLIT_FILE, gguf_path: str | None = None, 
             tensors["lm_head.weight" if name == "lm_head.weight" else f"model.{name}"] = t
     for i in tqdm(range(cfg.num_layers), desc=f"building {NAME}"):
         perm = split[f"layers.{i}.perm"].long()  # shared neurons first, then each routed expert's
-        gate, up = dense[f"layers.{i}.mlp.gate_proj.weight"][perm], dense[f"layers.{i}.mlp.up_proj.weight"][perm]
-        down = dense[f"layers.{i}.mlp.down_proj.weight"][:, perm]
+        gate, up, down = tuned_ffn(dense, split, i)
+        gate, up, down = gate[perm], up[perm], down[:, perm]
         n = (gate.shape[0] - shared) // E
         prefix = f"model.layers.{i}.mlp"
         router = split[f"layers.{i}.router"].float()
@@ -130,6 +132,16 @@ def build(out: str, split_file: str = SPLIT_FILE, gguf_path: str | None = None, 
     with open(os.path.join(out, "checksum.sha256"), "w") as f:
         f.write(digest + "\n")
     return digest
+
+
+def tuned_ffn(dense: dict, split: dict, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Layer i's dense gate, up and down projections plus the split file's low-rank corrections, if `tune` wrote
+    any (in the dense neuron order)."""
+    weights = [dense[f"layers.{i}.mlp.{p}_proj.weight"] for p in PROJECTIONS]
+    if f"layers.{i}.gate.b" not in split:
+        return tuple(weights)
+    return tuple(w + low_rank_delta(*(split[f"layers.{i}.{p}.{f}"] for f in ("b", "b_exp", "a", "a_exp")))
+                 for w, p in zip(weights, PROJECTIONS))
 
 
 def checksum(folder: str) -> str:
@@ -176,8 +188,6 @@ def fit_router(x: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
 
 
 def fit(shared: int, num_experts: int, top_k: int, tokens: int, out: str = SPLIT_FILE, gguf_path: str | None = None):
-    from safetensors.torch import save_file
-
     from backend.engine import EngineArgs, LLMEngine
     torch.manual_seed(0)
     eng = LLMEngine(EngineArgs(model=gguf_path or "default", kv_format="full", max_num_seqs=1,
@@ -209,6 +219,110 @@ def fit(shared: int, num_experts: int, top_k: int, tokens: int, out: str = SPLIT
         split[f"layers.{i}.perm"] = torch.cat([shared_ids, *groups]).to(torch.int16)
         split[f"layers.{i}.router"] = router
         meta[f"layers.{i}.logit_range"] = repr(float((x @ router.T).abs().max()))
+    _save_with_checksum(split, meta, out, gguf_path)
+
+
+# ---- tune -----------------------------------------------------------------------------------------
+# Low-rank corrections of each layer's gate, up and down projections, distilled from the dense model with the
+# split's routing fixed (its router, its k): the experts a token uses learn to stand in for the neurons it does
+# not. They are stored as int8 factors, B with a power-of-two scale per row and A per column, so the product the
+# build adds is an integer matrix product scaled by powers of two: exact, and the build's checksum the same on
+# any machine and thread count.
+PROJECTIONS = ("gate", "up", "down")
+
+
+def quantize_factor(t: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 codes of `t` and the power-of-two exponents (int8) of its scales along `dim` (one per row: dim=1)."""
+    peak = t.abs().amax(dim, keepdim=True).clamp_min(1e-30)
+    exp = torch.ceil(torch.log2(peak / 127))
+    codes = torch.round(t / torch.exp2(exp)).clamp(-127, 127).to(torch.int8)
+    return codes, exp.squeeze(dim).to(torch.int8)
+
+
+def low_rank_delta(b: torch.Tensor, b_exp: torch.Tensor, a: torch.Tensor, a_exp: torch.Tensor) -> torch.Tensor:
+    """B A in float32 from int8 factors: the integer product is exact, and so is its float64 scaling by
+    2^(b_exp[i] + a_exp[j]); one rounding to float32 follows."""
+    product = (b.long() @ a.long()).double()
+    return (product * torch.exp2(b_exp.double()[:, None] + a_exp.double()[None, :])).float()
+
+
+class MaskedFFN(torch.nn.Module):
+    """The MoE layer as `build` writes it, computed densely for training: the FFN of the shared neurons and of
+    the k routed experts its router ranks highest for a token (a plain sum; the build's softmax weights equal it
+    within moefy.LOGIT_SPREAD), with trainable low-rank corrections (B starts at zero: the split as fitted)."""
+
+    def __init__(self, gate, up, down, perm, router, shared: int, num_experts: int, top_k: int, rank: int):
+        super().__init__()
+        self.weights = [gate, up, down]
+        self.router, self.top_k, self.num_experts = router, top_k, num_experts
+        n = (len(perm) - shared) // num_experts
+        expert_of = torch.full((len(perm),), num_experts)  # each neuron's routed expert; num_experts: shared
+        expert_of[perm[shared:].long()] = torch.arange(num_experts).repeat_interleave(n)
+        self.expert_of = expert_of
+        g = torch.Generator().manual_seed(0)
+        self.b = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(w.shape[0], rank)) for w in self.weights])
+        self.a = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(rank, w.shape[1], generator=g) / w.shape[1] ** 0.5)
+                                         for w in self.weights])
+
+    def forward(self, x):
+        gate, up, down = (w + b @ a for w, b, a in zip(self.weights, self.b, self.a))
+        chosen = torch.zeros(*x.shape[:-1], self.num_experts + 1, dtype=x.dtype)
+        chosen.scatter_(-1, (x.detach() @ self.router.T).topk(self.top_k, dim=-1).indices, 1.0)
+        chosen[..., -1] = 1.0  # the shared expert
+        return (F.silu(x @ gate.T) * (x @ up.T) * chosen[..., self.expert_of]) @ down.T
+
+
+def tune(rank: int, steps: int, seq_len: int, lr: float, split_file: str = SPLIT_FILE, gguf_path: str | None = None):
+    """Distil the dense model into the split (KL divergence of the next-token distributions on the calibration
+    text, AdamW on the corrections only) and write the corrections into `split_file`."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from backend.tokenizer import Tokenizer, default_model_path
+    torch.manual_seed(0)
+    gguf_path = gguf_path or default_model_path()
+    load = lambda: AutoModelForCausalLM.from_pretrained(  # noqa: E731
+        os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32)
+    teacher, student = load().eval(), load()
+    student.requires_grad_(False)
+    with safe_open(split_file, "pt") as f:
+        meta = f.metadata()
+        split = {k: f.get_tensor(k) for k in f.keys() if k.endswith((".perm", ".router"))}
+    shared, E, k = int(meta["shared_neurons"]), int(meta["num_experts"]), int(meta["top_k"])
+    ffns = []
+    for i, layer in enumerate(student.model.layers):
+        mlp = layer.mlp
+        layer.mlp = MaskedFFN(mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, split[f"layers.{i}.perm"],
+                              split[f"layers.{i}.router"].float(), shared, E, k, rank)
+        ffns.append(layer.mlp)
+    params = [p for m in ffns for p in m.parameters()]
+    with open(CALIBRATION_TEXT, encoding="utf-8") as f:
+        ids = torch.tensor(Tokenizer.load(gguf_path).encode(f.read(), add_special_tokens=False))
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps)))
+    order = torch.randperm((len(ids) - 1) // seq_len)  # distinct windows of the text, shuffled
+    bar = tqdm(range(steps), desc="tune")
+    for step in bar:
+        window = ids[order[step % len(order)] * seq_len:][:seq_len][None]
+        with torch.no_grad():
+            target = F.log_softmax(teacher(window).logits, -1)
+        loss = F.kl_div(F.log_softmax(student(window).logits, -1), target, log_target=True, reduction="sum") / seq_len
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        bar.set_postfix(kl=f"{loss.item():.3f}")
+    for i, m in enumerate(ffns):
+        for p, b, a in zip(PROJECTIONS, m.b, m.a):
+            split[f"layers.{i}.{p}.b"], split[f"layers.{i}.{p}.b_exp"] = quantize_factor(b.detach(), 1)
+            split[f"layers.{i}.{p}.a"], split[f"layers.{i}.{p}.a_exp"] = quantize_factor(a.detach(), 0)
+    meta.update(tune_rank=str(rank), tune_steps=str(steps), tune_tokens=str(steps * seq_len), checksum="")
+    _save_with_checksum(split, meta, split_file, gguf_path)
+
+
+def _save_with_checksum(split: dict, meta: dict, out: str, gguf_path: str | None):
+    """Write the split file with the checksum of the folder `build` makes from it."""
+    from safetensors.torch import save_file
     save_file(split, out, metadata={**meta, "checksum": ""})
     scratch = os.path.join(models_dir(), f".{NAME}-fit")
     meta["checksum"] = build(scratch, out, gguf_path, check=False)
@@ -228,12 +342,20 @@ def main(argv=None):
     f.add_argument("--top-k", type=int, default=32)
     f.add_argument("--tokens", type=int, default=32768, help="calibration tokens of WikiText-2 validation")
     f.add_argument("--out", default=SPLIT_FILE)
+    t = sub.add_parser("tune", help="distil the dense model into the split: low-rank corrections in the split file")
+    t.add_argument("--rank", type=int, default=16)
+    t.add_argument("--steps", type=int, default=400)
+    t.add_argument("--seq-len", type=int, default=512)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--split", default=SPLIT_FILE)
     a = p.parse_args(argv)
     if a.cmd == "build":
         out = a.out or os.path.join(models_dir(), NAME)
         print(f"{out}: checksum {build(out)}")
-    else:
+    elif a.cmd == "fit":
         fit(a.shared, a.experts, a.top_k, a.tokens, a.out)
+    else:
+        tune(a.rank, a.steps, a.seq_len, a.lr, a.split)
 
 
 if __name__ == "__main__":

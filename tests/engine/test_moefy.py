@@ -70,11 +70,26 @@ def test_moe_layer_is_the_sum_of_the_chosen_neurons(folder, split):
         expert_neurons = perm[shared:].view(E, n)
         for t in range(len(x)):
             keep[t, expert_neurons[chosen[t]].flatten()] = 1
-        gate, up = dense[f"layers.{i}.mlp.gate_proj.weight"], dense[f"layers.{i}.mlp.up_proj.weight"]
-        ref = (F.silu(x @ gate.T) * (x @ up.T) * keep) @ dense[f"layers.{i}.mlp.down_proj.weight"].T
+        gate, up, down = moefy.tuned_ffn(dense, tensors, i)  # the dense FFN with the split's corrections
+        ref = (F.silu(x @ gate.T) * (x @ up.T) * keep) @ down.T
         with torch.no_grad():
             ours = moe.layers[i].mlp(x)
         assert ((ours - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_low_rank_corrections_are_exact_products_of_their_int8_factors():
+    """`tune`'s factors: int8 codes with power-of-two scales, B per row and A per column, so the correction the
+    build adds is the exact product rounded once to float32, whatever the machine sums first."""
+    g = torch.Generator().manual_seed(0)
+    b, a = torch.randn(96, 16, generator=g) * 1e-3, torch.randn(16, 40, generator=g) * 0.1
+    qb, qa = moefy.quantize_factor(b, 1), moefy.quantize_factor(a, 0)
+    assert qb[0].dtype == qa[0].dtype == torch.int8 and qb[1].shape == (96,) and qa[1].shape == (40,)
+    b_hat = qb[0].double() * torch.exp2(qb[1].double())[:, None]
+    a_hat = qa[0].double() * torch.exp2(qa[1].double())[None, :]
+    assert ((b_hat - b.double()).abs() <= b.abs().amax(1, keepdim=True).double() / 127).all()  # a step of its row
+    exact = torch.tensor([[sum(x * y for x, y in zip(row, col)) for col in a_hat.T.tolist()]
+                          for row in b_hat.tolist()], dtype=torch.float64)  # Python's sums, in order
+    assert torch.equal(moefy.low_rank_delta(*qb, *qa), exact.float())
 
 
 def test_a_missing_or_unsupported_model_is_a_clear_error(tmp_path):
