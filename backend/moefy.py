@@ -120,7 +120,9 @@ def build(out: str, split_file: str = SPLIT_FILE, gguf_path: str | None = None, 
         "dtype": "float32",
         "moefy": {"source": os.path.basename(gguf_path), "calibration_tokens": int(meta["calibration_tokens"]),
                   "ffn_neurons_per_token": (shared + k * n) / gate.shape[0],
-                  "note": "a dense model split into experts, not trained as an MoE"},
+                  **({"distilled": {"rank": int(meta["tune_rank"]), "tokens": int(meta["tune_tokens"])}}
+                     if "tune_rank" in meta else {}),
+                  "note": "a dense model split into experts (then distilled from it), not trained as an MoE"},
     }
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
