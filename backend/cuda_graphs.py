@@ -19,7 +19,8 @@ does, at start-up).
 
 What a graph cannot hold runs eagerly: larger steps (a prompt alone, in chunks of up to
 `max_num_batched_tokens`), windowed formats' prompt chunks that cross a block's end (prompts with nobody
-decoding beside them, which the scheduler does not cut), and the blocks a step fills, which `PagedKVCache.commit` compresses after it.
+decoding beside them, which the scheduler does not cut), and the blocks a step fills, which
+`PagedKVCache.commit` compresses after it.
 Models whose experts stream from host memory (backend/experts.py) decide on the host which experts to copy,
 so they are not captured.
 """

@@ -263,8 +263,8 @@ class MaskedFFN(torch.nn.Module):
         self.expert_of = expert_of
         g = torch.Generator().manual_seed(0)
         self.b = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(w.shape[0], rank)) for w in self.weights])
-        self.a = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(rank, w.shape[1], generator=g) / w.shape[1] ** 0.5)
-                                         for w in self.weights])
+        self.a = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(rank, w.shape[1], generator=g)
+                                                            / w.shape[1] ** 0.5) for w in self.weights])
 
     def forward(self, x):
         gate, up, down = (w + b @ a for w, b, a in zip(self.weights, self.b, self.a))
@@ -301,7 +301,8 @@ def tune(rank: int, steps: int, seq_len: int, lr: float, split_file: str = SPLIT
     with open(CALIBRATION_TEXT, encoding="utf-8") as f:
         ids = torch.tensor(Tokenizer.load(gguf_path).encode(f.read(), add_special_tokens=False))
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps)))
+    warm_then_cosine = lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps))  # noqa: E731
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warm_then_cosine)
     order = torch.randperm((len(ids) - 1) // seq_len)  # distinct windows of the text, shuffled
     bar = tqdm(range(steps), desc="tune")
     for step in bar:

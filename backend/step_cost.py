@@ -15,6 +15,7 @@ small rather than stalling the streams.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -35,7 +36,7 @@ class StepCost:
             return None
         points = [self.curve[b] for b in sorted(self.curve)]
         xs = [x for x, _ in points]
-        ys = list(_running_max(y for _, y in points))  # more tokens never cost less
+        ys = list(itertools.accumulate((y for _, y in points), max))  # more tokens never cost less
         if tokens >= xs[-1]:  # the chord from the smallest point on (from the origin while only one is known)
             x0, y0 = (xs[0], ys[0]) if len(xs) > 1 else (0.0, 0.0)
             return ys[-1] + (ys[-1] - y0) / (xs[-1] - x0) * (tokens - xs[-1])
@@ -71,10 +72,3 @@ class StepCost:
         old = self.curve.get(bucket)
         self.curve[bucket] = (num_tokens, ms) if old is None else (
             (1 - SMOOTHING) * old[0] + SMOOTHING * num_tokens, (1 - SMOOTHING) * old[1] + SMOOTHING * ms)
-
-
-def _running_max(values):
-    best = -math.inf
-    for v in values:
-        best = max(best, v)
-        yield best
