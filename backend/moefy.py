@@ -274,9 +274,34 @@ class MaskedFFN(torch.nn.Module):
         return (F.silu(x @ gate.T) * (x @ up.T) * chosen[..., self.expert_of]) @ down.T
 
 
-def tune(rank: int, steps: int, seq_len: int, lr: float, split_file: str = SPLIT_FILE, gguf_path: str | None = None):
+CHAT_TEMPLATES = ("Tell me about {}.", "What do you know about {}?", "Write two sentences about {}.")
+
+
+def chat_transcripts(count: int, gguf_path: str | None = None) -> torch.Tensor:
+    """Token ids of `count` chats the dense model writes itself (greedy, up to 96 tokens), one after the other:
+    questions about the headings of WikiText-2 validation, in the chat template (distillation text with the
+    shape of what the served model answers)."""
+    from backend.engine import EngineArgs, LLMEngine
+    from backend.sampling import SamplingParams
+    with open(CALIBRATION_TEXT, encoding="utf-8") as f:
+        headings = [line.strip(" =\n") for line in f
+                    if line.startswith(" = ") and "<unk>" not in line and "@" not in line]
+    topics = list(dict.fromkeys(headings))[:count]
+    chats = [[{"role": "user", "content": CHAT_TEMPLATES[i % len(CHAT_TEMPLATES)].format(topic)}]
+             for i, topic in enumerate(topics)]
+    eng = LLMEngine(EngineArgs(model=gguf_path or "default", kv_format="full", max_num_seqs=16))
+    outputs = eng.generate(chats, SamplingParams(max_tokens=96, temperature=0))
+    ids = []
+    for chat, out in zip(chats, outputs):
+        ids += eng.tokenizer.encode(eng.tokenizer.apply_chat_template(chat), add_special_tokens=False) + out.token_ids
+    return torch.tensor(ids)
+
+
+def tune(rank: int, steps: int, seq_len: int, lr: float, split_file: str = SPLIT_FILE, gguf_path: str | None = None,
+         chats: int = 0, resume: bool = False):
     """Distil the dense model into the split (KL divergence of the next-token distributions on the calibration
-    text, AdamW on the corrections only) and write the corrections into `split_file`."""
+    text, and with `chats` on every other step on chats the dense model writes, AdamW on the corrections only)
+    and write the corrections into `split_file`; `resume` starts from the corrections it holds."""
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
@@ -289,24 +314,34 @@ def tune(rank: int, steps: int, seq_len: int, lr: float, split_file: str = SPLIT
     student.requires_grad_(False)
     with safe_open(split_file, "pt") as f:
         meta = f.metadata()
-        split = {k: f.get_tensor(k) for k in f.keys() if k.endswith((".perm", ".router"))}
+        split = {k: f.get_tensor(k) for k in f.keys()}
+    previous = {k: split.pop(k) for k in list(split) if not k.endswith((".perm", ".router"))}
     shared, E, k = int(meta["shared_neurons"]), int(meta["num_experts"]), int(meta["top_k"])
     ffns = []
     for i, layer in enumerate(student.model.layers):
         mlp = layer.mlp
         layer.mlp = MaskedFFN(mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, split[f"layers.{i}.perm"],
                               split[f"layers.{i}.router"].float(), shared, E, k, rank)
+        if resume:  # the stored factors, dequantized (quantizing them again gives the same codes)
+            with torch.no_grad():
+                for p, b, a in zip(PROJECTIONS, layer.mlp.b, layer.mlp.a):
+                    stored = {f: previous[f"layers.{i}.{p}.{f}"].float() for f in ("b", "b_exp", "a", "a_exp")}
+                    b.copy_(stored["b"] * torch.exp2(stored["b_exp"])[:, None])
+                    a.copy_(stored["a"] * torch.exp2(stored["a_exp"])[None, :])
         ffns.append(layer.mlp)
     params = [p for m in ffns for p in m.parameters()]
     with open(CALIBRATION_TEXT, encoding="utf-8") as f:
-        ids = torch.tensor(Tokenizer.load(gguf_path).encode(f.read(), add_special_tokens=False))
+        texts = [torch.tensor(Tokenizer.load(gguf_path).encode(f.read(), add_special_tokens=False))]
+    if chats:
+        texts.append(chat_transcripts(chats, gguf_path))
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     warm_then_cosine = lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps))  # noqa: E731
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warm_then_cosine)
-    order = torch.randperm((len(ids) - 1) // seq_len)  # distinct windows of the text, shuffled
+    orders = [torch.randperm(len(ids) // seq_len) for ids in texts]  # distinct windows of each text, shuffled
     bar = tqdm(range(steps), desc="tune")
     for step in bar:
-        window = ids[order[step % len(order)] * seq_len:][:seq_len][None]
+        ids, order = texts[step % len(texts)], orders[step % len(texts)]
+        window = ids[order[step // len(texts) % len(order)] * seq_len:][:seq_len][None]
         with torch.no_grad():
             target = F.log_softmax(teacher(window).logits, -1)
         loss = F.kl_div(F.log_softmax(student(window).logits, -1), target, log_target=True, reduction="sum") / seq_len
@@ -319,7 +354,8 @@ def tune(rank: int, steps: int, seq_len: int, lr: float, split_file: str = SPLIT
         for p, b, a in zip(PROJECTIONS, m.b, m.a):
             split[f"layers.{i}.{p}.b"], split[f"layers.{i}.{p}.b_exp"] = quantize_factor(b.detach(), 1)
             split[f"layers.{i}.{p}.a"], split[f"layers.{i}.{p}.a_exp"] = quantize_factor(a.detach(), 0)
-    meta.update(tune_rank=str(rank), tune_steps=str(steps), tune_tokens=str(steps * seq_len), checksum="")
+    tokens = steps * seq_len + (int(meta.get("tune_tokens", 0)) if resume else 0)
+    meta.update(tune_rank=str(rank), tune_steps=str(steps), tune_tokens=str(tokens), tune_chats=str(chats), checksum="")
     _save_with_checksum(split, meta, split_file, gguf_path)
 
 
@@ -350,6 +386,8 @@ def main(argv=None):
     t.add_argument("--steps", type=int, default=400)
     t.add_argument("--seq-len", type=int, default=512)
     t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--chats", type=int, default=0, help="chats the dense model writes, every other step's text")
+    t.add_argument("--resume", action="store_true", help="start from the split file's corrections")
     t.add_argument("--split", default=SPLIT_FILE)
     a = p.parse_args(argv)
     if a.cmd == "build":
@@ -358,7 +396,7 @@ def main(argv=None):
     elif a.cmd == "fit":
         fit(a.shared, a.experts, a.top_k, a.tokens, a.out)
     else:
-        tune(a.rank, a.steps, a.seq_len, a.lr, a.split)
+        tune(a.rank, a.steps, a.seq_len, a.lr, a.split, chats=a.chats, resume=a.resume)
 
 
 if __name__ == "__main__":

@@ -90,6 +90,9 @@ def test_low_rank_corrections_are_exact_products_of_their_int8_factors():
     exact = torch.tensor([[sum(x * y for x, y in zip(row, col)) for col in a_hat.T.tolist()]
                           for row in b_hat.tolist()], dtype=torch.float64)  # Python's sums, in order
     assert torch.equal(moefy.low_rank_delta(*qb, *qa), exact.float())
+    for q, dequantized, dim in ((qb, b_hat, 1), (qa, a_hat, 0)):  # `tune --resume` starts from the dequantized
+        again = moefy.quantize_factor(dequantized.float(), dim)       # factors: quantized again, the same codes
+        assert torch.equal(again[0], q[0]) and torch.equal(again[1], q[1])
 
 
 def test_a_missing_or_unsupported_model_is_a_clear_error(tmp_path):
