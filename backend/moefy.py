@@ -241,6 +241,11 @@ def quantize_factor(t: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tens
     return codes, exp.squeeze(dim).to(torch.int8)
 
 
+def dequantize_factor(codes: torch.Tensor, exp: torch.Tensor, dim: int) -> torch.Tensor:
+    """The factor `quantize_factor` coded (exactly: quantized again, the same codes)."""
+    return codes.double() * torch.exp2(exp.double()).unsqueeze(dim)
+
+
 def low_rank_delta(b: torch.Tensor, b_exp: torch.Tensor, a: torch.Tensor, a_exp: torch.Tensor) -> torch.Tensor:
     """B A in float32 from int8 factors: the integer product is exact, and so is its float64 scaling by
     2^(b_exp[i] + a_exp[j]); one rounding to float32 follows."""
@@ -322,12 +327,11 @@ def tune(rank: int, steps: int, seq_len: int, lr: float, split_file: str = SPLIT
         mlp = layer.mlp
         layer.mlp = MaskedFFN(mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, split[f"layers.{i}.perm"],
                               split[f"layers.{i}.router"].float(), shared, E, k, rank)
-        if resume:  # the stored factors, dequantized (quantizing them again gives the same codes)
+        if resume:  # the stored factors
             with torch.no_grad():
                 for p, b, a in zip(PROJECTIONS, layer.mlp.b, layer.mlp.a):
-                    stored = {f: previous[f"layers.{i}.{p}.{f}"].float() for f in ("b", "b_exp", "a", "a_exp")}
-                    b.copy_(stored["b"] * torch.exp2(stored["b_exp"])[:, None])
-                    a.copy_(stored["a"] * torch.exp2(stored["a_exp"])[None, :])
+                    b.copy_(dequantize_factor(previous[f"layers.{i}.{p}.b"], previous[f"layers.{i}.{p}.b_exp"], 1))
+                    a.copy_(dequantize_factor(previous[f"layers.{i}.{p}.a"], previous[f"layers.{i}.{p}.a_exp"], 0))
         ffns.append(layer.mlp)
     params = [p for m in ffns for p in m.parameters()]
     with open(CALIBRATION_TEXT, encoding="utf-8") as f:

@@ -32,19 +32,13 @@ class StepCost:
 
     def estimate_ms(self, tokens: int) -> float | None:
         """A step of `tokens` tokens (decodes and prompt tokens alike), or None before any step is measured."""
-        if not self.curve:
-            return None
+        return _estimate(self._points(), tokens) if self.curve else None
+
+    def _points(self) -> tuple[list[float], list[float]]:
+        """The curve's points in order of tokens: (tokens, ms), the ms made non-decreasing (more tokens never
+        cost less)."""
         points = [self.curve[b] for b in sorted(self.curve)]
-        xs = [x for x, _ in points]
-        ys = list(itertools.accumulate((y for _, y in points), max))  # more tokens never cost less
-        if tokens >= xs[-1]:  # the chord from the smallest point on (from the origin while only one is known)
-            x0, y0 = (xs[0], ys[0]) if len(xs) > 1 else (0.0, 0.0)
-            return ys[-1] + (ys[-1] - y0) / (xs[-1] - x0) * (tokens - xs[-1])
-        if tokens <= xs[0]:
-            return ys[0] * tokens / xs[0]
-        i = bisect.bisect_right(xs, tokens)
-        (x0, y0), (x1, y1) = (xs[i - 1], ys[i - 1]), (xs[i], ys[i])
-        return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+        return [x for x, _ in points], list(itertools.accumulate((y for _, y in points), max))
 
     def prefill_budget(self, num_decode: int, max_tokens: int) -> int:
         """Prompt tokens for the next step, which carries `num_decode` decodes, of at most `max_tokens`."""
@@ -52,16 +46,17 @@ class StepCost:
         if num_decode == 0:  # nobody streams, so nobody stalls
             return room
         floor = min(room, self.min_chunk)
-        decode_ms = self.estimate_ms(num_decode)
-        if decode_ms is None:  # nothing measured yet
+        if not self.curve:  # nothing measured yet
             return floor
+        points = self._points()  # once: the search below estimates a dozen steps
+        decode_ms = _estimate(points, num_decode)
         target = self.target_ms if self.target_ms is not None else float("inf")
         if self.target_ratio is not None:
             target = min(target, self.target_ratio * decode_ms)
         lo, hi = 0, room  # the most prompt tokens whose step fits the target (the estimate grows with tokens)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.estimate_ms(num_decode + mid) <= target:
+            if _estimate(points, num_decode + mid) <= target:
                 lo = mid
             else:
                 hi = mid - 1
@@ -72,3 +67,15 @@ class StepCost:
         old = self.curve.get(bucket)
         self.curve[bucket] = (num_tokens, ms) if old is None else (
             (1 - SMOOTHING) * old[0] + SMOOTHING * num_tokens, (1 - SMOOTHING) * old[1] + SMOOTHING * ms)
+
+
+def _estimate(points: tuple[list[float], list[float]], tokens: int) -> float:
+    xs, ys = points
+    if tokens >= xs[-1]:  # the chord from the smallest point on (from the origin while only one is known)
+        x0, y0 = (xs[0], ys[0]) if len(xs) > 1 else (0.0, 0.0)
+        return ys[-1] + (ys[-1] - y0) / (xs[-1] - x0) * (tokens - xs[-1])
+    if tokens <= xs[0]:
+        return ys[0] * tokens / xs[0]
+    i = bisect.bisect_right(xs, tokens)
+    (x0, y0), (x1, y1) = (xs[i - 1], ys[i - 1]), (xs[i], ys[i])
+    return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)

@@ -84,8 +84,7 @@ def test_low_rank_corrections_are_exact_products_of_their_int8_factors():
     b, a = torch.randn(96, 16, generator=g) * 1e-3, torch.randn(16, 40, generator=g) * 0.1
     qb, qa = moefy.quantize_factor(b, 1), moefy.quantize_factor(a, 0)
     assert qb[0].dtype == qa[0].dtype == torch.int8 and qb[1].shape == (96,) and qa[1].shape == (40,)
-    b_hat = qb[0].double() * torch.exp2(qb[1].double())[:, None]
-    a_hat = qa[0].double() * torch.exp2(qa[1].double())[None, :]
+    b_hat, a_hat = moefy.dequantize_factor(*qb, 1), moefy.dequantize_factor(*qa, 0)
     assert ((b_hat - b.double()).abs() <= b.abs().amax(1, keepdim=True).double() / 127).all()  # a step of its row
     exact = torch.tensor([[sum(x * y for x, y in zip(row, col)) for col in a_hat.T.tolist()]
                           for row in b_hat.tolist()], dtype=torch.float64)  # Python's sums, in order
