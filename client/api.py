@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
-DEFAULT_MODEL = "smollm2"
+DEFAULT_MODEL = "smollm2_moe"  # the deployment's default: SmolLM2 split into experts (README "Models")
 DEFAULT_URLS = {"grpc": "127.0.0.1:8001", "http": "127.0.0.1:8000"}
 
 

@@ -65,3 +65,16 @@ def test_cli_json_and_server_errors(triton_server):
     assert late.returncode == 0, late.stderr
     result = json.loads(late.stdout)
     assert result["finish_reason"] == "timeout" and result["num_output_tokens"] < 400
+
+
+def test_cli_asks_the_moe_by_default(triton_server):
+    """Without --model the client asks the deployment's default model, the SmolLM2 MoE (smollm2_moe)."""
+    if "smollm2_moe" not in triton_server.models:
+        pytest.fail("smollm2_moe is not served (ALRKVD_TEST_MODELS)")
+    prompt, greedy = "What is the capital of France?", {"max_tokens": 8, "temperature": 0}
+    out = subprocess.run([sys.executable, "-m", "client.cli", "--url", triton_server.grpc_url, "--json", "-n", "8",
+                          "-t", "0", prompt], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    moe = complete(prompt, url=triton_server.grpc_url, model="smollm2_moe", **greedy).text
+    dense = complete(prompt, url=triton_server.grpc_url, model="smollm2", **greedy).text
+    assert json.loads(out.stdout)["text"] == moe != dense
