@@ -36,9 +36,10 @@ def test_build_is_deterministic(folder, split, tmp_path):
     assert moefy.build(str(tmp_path / "again")) == meta["checksum"]  # raises on any other checksum
 
 
-def test_logits_match_transformers(folder):
+def test_logits_match_transformers(folder, split):
+    E, k = int(split[0]["num_experts"]), int(split[0]["top_k"])
     engine = LLMEngine(EngineArgs(model=moefy.NAME, kv_format="full", max_num_seqs=1))
-    assert engine.cfg.model_type == "qwen2_moe" and engine.cfg.num_experts == 128
+    assert engine.cfg.model_type == "qwen2_moe" and engine.cfg.num_experts == E
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     ids = engine.tokenizer.encode("The capital of France is Paris. In 1905, Albert Einstein published four papers "
                                   "that changed physics. def fibonacci(n):\n    return n if n < 2 else" * 2)
@@ -48,7 +49,7 @@ def test_logits_match_transformers(folder):
     torch.testing.assert_close(ours, ref, atol=ATOL_FP32, rtol=0)
     assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() > 0.99
     counts = engine.routing_counts()  # what /metrics reports: every token's k experts, in every layer
-    assert counts.shape == (30, 128) and (counts.sum(1) == len(ids) * 32).all()
+    assert counts.shape == (30, E) and (counts.sum(1) == len(ids) * k).all()
 
 
 def test_moe_layer_is_the_sum_of_the_chosen_neurons(folder, split):
@@ -62,7 +63,7 @@ def test_moe_layer_is_the_sum_of_the_chosen_neurons(folder, split):
     torch.manual_seed(0)
     for i in (0, 17, 29):
         x = torch.randn(64, moe.cfg.hidden_size)
-        perm, router = tensors[f"layers.{i}.perm"].long(), tensors[f"layers.{i}.router"]
+        perm, router = tensors[f"layers.{i}.perm"].long(), tensors[f"layers.{i}.router"].float()
         n = (len(perm) - shared) // E
         chosen = (x @ router.T).topk(k, dim=-1).indices                       # [T, k]
         keep = torch.zeros(len(x), len(perm))
