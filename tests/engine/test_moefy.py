@@ -37,7 +37,8 @@ def test_build_is_deterministic(folder, split, tmp_path):
 
 
 def test_logits_match_transformers(folder, split):
-    E, k = int(split[0]["num_experts"]), int(split[0]["top_k"])
+    meta, _ = split
+    E, k = int(meta["num_experts"]), int(meta["top_k"])
     engine = LLMEngine(EngineArgs(model=moefy.NAME, kv_format="full", max_num_seqs=1))
     assert engine.cfg.model_type == "qwen2_moe" and engine.cfg.num_experts == E
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
