@@ -21,8 +21,8 @@ What a graph cannot hold runs eagerly: larger steps (a prompt alone, in chunks o
 `max_num_batched_tokens`), windowed formats' prompt chunks that cross a block's end (prompts with nobody
 decoding beside them, which the scheduler does not cut), and the blocks a step fills, which
 `PagedKVCache.commit` compresses after it.
-Models whose experts stream from host memory (backend/experts.py) decide on the host which experts to copy,
-so they are not captured.
+Models whose experts stream from host memory are captured when the device decides which experts to copy
+(backend/graph_experts.py), not when the host does (backend/experts.py).
 """
 from __future__ import annotations
 
@@ -59,9 +59,11 @@ class StepGraphs:
 
     @staticmethod
     def supported(model: Transformer, cache: PagedKVCache) -> bool:
-        """On CUDA, with a decode kernel for the cache's format and every expert resident."""
+        """On CUDA, with a decode kernel for the cache's format and every expert resident or streamed by
+        decisions on the device."""
         return (str(cache.device).startswith("cuda") and cache.decode_kernel is not None
-                and all(m.experts is None for m in model.modules() if isinstance(m, MoE)))
+                and all(m.experts is None or getattr(m.experts.cache, "graph_safe", False)
+                        for m in model.modules() if isinstance(m, MoE)))
 
     def run(self, tokens: list[int], positions: list[int], batch: AttentionBatch) -> torch.Tensor | None:
         """Final hidden states [T', hidden] of the step (its T tokens' rows first), or None when no graph takes

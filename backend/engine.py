@@ -91,6 +91,9 @@ class EngineArgs:
     expert_budget_bytes: int | None = None  # device bytes for routed experts, streamed from host; None: all resident
     expert_prefetch: int = 1           # MoE layers ahead whose experts are prefetched (pre-gating); 0: on demand only
     expert_policy: str = "lru"         # expert cache eviction: "lru" or "lfu"
+    expert_decisions: str = "auto"     # "device": which experts to copy is decided on the device, so CUDA graphs
+                                       # hold the step (backend/graph_experts.py); "host": per MoE layer on the
+                                       # host (eager steps); "auto": device on CUDA unless enforce_eager
     moe_routing: str = "learned"       # "seeded": experts from a hash of each token's position and row, the same
                                        # in every run and arm (dummy-weight benchmarks; Transformer.seed_routing);
                                        # "local": the same with a trained router's load skew and reuse (LOCALITY)
@@ -152,9 +155,14 @@ class LLMEngine:
         stall_free = args.max_step_ms is not None or args.max_step_ratio is not None
         self.step_cost = StepCost(args.max_step_ms, args.max_step_ratio) if stall_free else None
         torch.manual_seed(args.seed)
+        if args.expert_decisions not in ("auto", "device", "host"):
+            raise ValueError(f"expert_decisions must be 'auto', 'device' or 'host', not {args.expert_decisions!r}")
+        decisions = args.expert_decisions
+        if decisions == "auto":
+            decisions = "device" if str(args.device).startswith("cuda") and not args.enforce_eager else "host"
         self.model = load_model(args.model, args.load_format, args.device, args.dtype, args.seed,
                                 args.expert_budget_bytes, args.expert_prefetch, args.expert_policy,
-                                args.weight_dtype)
+                                args.weight_dtype, decisions)
         self.cfg = self.model.cfg
         # "none" (like vLLM's skip_tokenizer_init): prompts are token ids and outputs carry no text
         self.tokenizer = None if args.tokenizer == "none" else Tokenizer.load(resolve_source(args.tokenizer or args.model))

@@ -478,11 +478,17 @@ class ExpertCache:
 
 def attach_expert_streaming(model: nn.Module, budget_bytes: int | None, prefetch: int = 1,
                             policy: str = "lru", device=None, dtype: torch.dtype | None = None,
-                            kernel: str = "auto") -> ExpertCache:
+                            kernel: str = "auto", decisions: str = "host"):
     """Move `model`'s routed experts into an `ExpertStore` (pinned host memory when `device` is
-    CUDA) and serve them through an `ExpertCache` of `budget_bytes` on `device` (default: the
-    routers' device): sets every `MoE.experts` hook and `model.expert_cache`. The stacked expert
-    parameters are deleted from the MoE modules, so a later `model.to(device)` leaves them out."""
+    CUDA) and serve them through a cache of `budget_bytes` on `device` (default: the routers'
+    device): an `ExpertCache` (`decisions` "host") or a `DeviceExpertCache` ("device",
+    backend/graph_experts.py: CUDA graphs can hold it). Sets every `MoE.experts` hook and
+    `model.expert_cache`. The stacked expert parameters are deleted from the MoE modules, so a
+    later `model.to(device)` leaves them out."""
+    if decisions not in ("host", "device"):
+        raise ValueError(f"expert decisions must be 'host' or 'device', not {decisions!r}")
+    if decisions == "device" and budget_bytes is None:
+        raise ValueError("the device expert cache needs a budget (without one every expert is resident)")
     moes = {i: layer.mlp for i, layer in enumerate(model.layers) if isinstance(layer.mlp, MoE)}
     if not moes:
         raise ValueError("expert streaming needs a mixture-of-experts model")
@@ -490,8 +496,12 @@ def attach_expert_streaming(model: nn.Module, budget_bytes: int | None, prefetch
     device = torch.device(device if device is not None else first.gate.weight.device)
     dtype = dtype or first.w13.dtype
     store = ExpertStore.take_from(moes, dtype, pin=device.type == "cuda")
-    cache = ExpertCache(store, {i: m.gate for i, m in moes.items()}, first.top_k, budget_bytes,
-                        device, prefetch, policy, kernel)
+    routers = {i: m.gate for i, m in moes.items()}
+    if decisions == "device":
+        from backend.graph_experts import DeviceExpertCache
+        cache = DeviceExpertCache(store, routers, first.top_k, budget_bytes, device, prefetch > 0, policy, kernel)
+    else:
+        cache = ExpertCache(store, routers, first.top_k, budget_bytes, device, prefetch, policy, kernel)
     for i, m in moes.items():
         m.experts = cache.layer(i)
     model.expert_cache = cache

@@ -40,9 +40,11 @@ def pick_dtype(dtype: str, device: str) -> torch.dtype:
 
 def load_model(source: str = "default", load_format: str = "auto", device="cpu",
                dtype: str = "auto", seed: int = 0, expert_budget_bytes: int | None = None,
-               expert_prefetch: int = 1, expert_policy: str = "lru", weight_dtype: str = "auto") -> Transformer:
+               expert_prefetch: int = 1, expert_policy: str = "lru", weight_dtype: str = "auto",
+               expert_decisions: str = "host") -> Transformer:
     """`expert_budget_bytes`: stream the routed experts from host memory through a device cache of
-    that size (backend/experts.py); None keeps every expert on the device.
+    that size (backend/experts.py), whose `expert_decisions` are taken on the "host" or the "device"
+    (backend/graph_experts.py); None keeps every expert on the device.
     `weight_dtype` "float16" on CPU: linear layers keep fp16 weights (FP16Linear); "auto": `dtype`."""
     path = resolve_source(source)
     torch_dtype = pick_dtype(dtype, device)
@@ -64,7 +66,8 @@ def load_model(source: str = "default", load_format: str = "auto", device="cpu",
         model = model.to(torch_dtype).to_empty(device=device)
         init_dummy(model, seed)
         if expert_budget_bytes is not None:
-            attach_expert_streaming(model, expert_budget_bytes, expert_prefetch, expert_policy, device)
+            attach_expert_streaming(model, expert_budget_bytes, expert_prefetch, expert_policy, device,
+                                    decisions=expert_decisions)
     else:
         state = fuse_projections(stack_experts(state, cfg))
         if cfg.tie_word_embeddings:
@@ -77,7 +80,7 @@ def load_model(source: str = "default", load_format: str = "auto", device="cpu",
             model.lm_head.weight = model.embed_tokens.weight
         if expert_budget_bytes is not None:  # experts go to host memory, not to the device
             attach_expert_streaming(model, expert_budget_bytes, expert_prefetch, expert_policy, device,
-                                    torch_dtype)
+                                    torch_dtype, decisions=expert_decisions)
         model.to(device=device, dtype=torch_dtype)
     model.eval().requires_grad_(False)
     if weight_dtype == "float16":

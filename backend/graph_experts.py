@@ -1,0 +1,253 @@
+"""Expert streaming decided on the device, so that a CUDA graph can hold it (issue 35).
+
+`backend/experts.py`'s `ExpertCache` decides on the host: one host synchronisation per MoE layer to
+learn the routed experts, then `cudaMemcpyAsync` per missing expert. A graph can hold neither. Here
+every decision is a tensor operation on the device, with shapes fixed by the step's token count:
+
+- bookkeeping per MoE layer li (rows of device tensors): `slot_of[li, e]` the slot holding expert e or
+  -1, `holder[li, j]` the expert in slot j (E: empty), `stamp[li, j]` the step that last used slot j
+  (LRU), `uses[li, e]` how often expert e was routed (LFU). An extra last column takes the writes of
+  masked-out rows, so every update is one fixed-shape scatter.
+- a layer's routed experts (the union of its tokens' top-k) are placed in passes of at most S (the
+  layer's slots): hits first; each missing expert takes the least recently (or frequently) used slot
+  that this pass does not use, and `kernels/expert_copy.py` copies it from pinned host memory (it
+  reads host memory itself: the rows are known only on the device). The fused MoE kernel then runs
+  over the pass's slots; a later pass may evict an earlier pass's experts, whose kernels the stream
+  has already ordered before the copy.
+- prefetch by pre-gating: while layer li runs, layer li+1's router applied to li's input predicts
+  its experts, and they are placed on a side stream that the step forks and layer li+1 joins (a
+  graph captures the fork and the join). Layer li+1's slots are not read until then.
+- counters stay on the device (no synchronisation); `stats()` reads them.
+
+On the CPU the same tensor code runs with PyTorch references standing in for the kernels (the copy
+and the MoE pass), synchronously: the tests check the whole bookkeeping there.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from backend.experts import POLICIES, ExpertStore, _LayerExperts
+
+# device counters: one int64 each
+COUNTERS = ("tokens", "hits", "misses", "prefetch_copies", "prefetch_useful", "predicted", "predicted_used",
+            "used_with_prediction")
+
+
+class DeviceExpertCache:
+    """Device slots for `budget_bytes` of experts (`budget // (expert_bytes * layers)` per MoE layer) filled
+    from `store`, with every decision taken on the device. `routers[layer]`: the layer's gate (pre-gating);
+    `prefetch`: predict the next MoE layer's experts (False: on demand only); `policy` "lru" or "lfu";
+    `kernel` "triton" (fused MoE and the copy kernel), "torch" (PyTorch references) or "auto"."""
+
+    graph_safe = True  # StepGraphs captures models served through it
+
+    def __init__(self, store: ExpertStore, routers: dict[int, nn.Module], top_k: int, budget_bytes: int,
+                 device, prefetch: bool = True, policy: str = "lru", kernel: str = "auto"):
+        if policy not in POLICIES:
+            raise ValueError(f"expert cache policy must be one of {POLICIES}, not {policy!r}")
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.kernel = ("triton" if self.cuda else "torch") if kernel == "auto" else kernel
+        if self.kernel not in ("triton", "torch"):
+            raise ValueError(f"expert kernel must be 'triton', 'torch' or 'auto', not {kernel!r}")
+        L, E = len(store.layers), store.num_experts
+        S = min(E, budget_bytes // (store.expert_bytes * L))
+        if S < 1:
+            raise ValueError(f"expert budget of {budget_bytes} bytes holds less than one expert per MoE layer; "
+                             f"the least is {store.expert_bytes * L} bytes ({L} layers x {store.expert_bytes} bytes)")
+        self.store, self.routers, self.top_k, self.policy = store, routers, top_k, policy
+        self.prefetch_depth = 1 if prefetch else 0
+        self.num_layers, self.num_experts, self.slots_per_layer = L, E, S
+        self.budget_bytes = budget_bytes
+        self.index = {layer: i for i, layer in enumerate(store.layers)}
+        dev = self.device
+        self.w13 = torch.empty(L * S, 2 * store.inter, store.hidden, dtype=store.dtype, device=dev)
+        self.w2 = torch.empty(L * S, store.hidden, store.inter, dtype=store.dtype, device=dev)
+        self.slot_of = torch.full((L, E + 1), -1, dtype=torch.int64, device=dev)
+        self.holder = torch.full((L, S + 1), E, dtype=torch.int64, device=dev)
+        self.stamp = torch.full((L, S + 1), -1, dtype=torch.int64, device=dev)
+        self.uses = torch.zeros(L, E + 1, dtype=torch.int64, device=dev)
+        self.fresh = torch.zeros(L, S + 1, dtype=torch.bool, device=dev)  # prefetched, not used since
+        self.predicted_mask = torch.zeros(L, E + 1, dtype=torch.bool, device=dev)
+        self.clock = torch.zeros((), dtype=torch.int64, device=dev)
+        self.counts = torch.zeros(len(COUNTERS), dtype=torch.int64, device=dev)  # the compute stream's
+        self.prefetch_counts = torch.zeros(len(COUNTERS), dtype=torch.int64, device=dev)  # the side stream's
+        self.copy_stream = torch.cuda.Stream(dev) if self.cuda else None
+        self.joins: list = [None] * L  # per layer: the event of a prefetch issued for it in this forward
+        self.predicted: list[bool] = [False] * L  # per layer: a prediction was made for it in this forward
+
+    def layer(self, layer: int) -> _LayerExperts:
+        return _LayerExperts(self, layer)
+
+    @property
+    def nbytes(self) -> int:
+        return self.w13.nbytes + self.w2.nbytes
+
+    # ---- placement ----------------------------------------------------------------------
+    def _place(self, li: int, want: torch.Tensor, valid: torch.Tensor, prefetch: bool) -> torch.Tensor:
+        """Slots (global pool rows) holding the `valid` experts of `want [n]` (n <= S, distinct where
+        valid) of layer li, copying in the missing ones; slots of invalid rows are meaningless."""
+        E, S = self.num_experts, self.slots_per_layer
+        base = li * S
+        want = torch.where(valid, want, E)
+        slot_of, holder, stamp = self.slot_of[li], self.holder[li], self.stamp[li]
+        current = slot_of[want]
+        hit = valid & (current >= 0)
+        need = valid & (current < 0)
+        # victims: the slots this pass does not use, empty first, then least recently (frequently) used
+        keep = torch.zeros(S + 1, dtype=torch.bool, device=want.device)
+        keep[torch.where(hit, current - base, S)] = True
+        age = stamp[:S] if self.policy == "lru" else self.uses[li][holder[:S]] * (1 << 32) + stamp[:S]
+        age = torch.where(holder[:S] == E, -1, age)
+        victims = torch.sort(torch.where(keep[:S], torch.iinfo(torch.int64).max, age)).indices
+        rank = (torch.cumsum(need, 0) - 1).clamp(min=0)
+        target = torch.where(need, victims[rank], S)  # local slot of each missing expert, S: none
+        evicted = torch.where(need, holder[target], E)
+        slot_of[evicted] = -1
+        slot_of[want] = torch.where(need, base + target, current)  # (hits rewrite their own slot)
+        holder[target] = torch.where(need, want, E)
+        local = torch.where(need, target, torch.where(hit, current - base, S))
+        stamp[local] = self.clock
+        self.fresh[li][target] = prefetch
+        layer = self.store.layers[li]
+        rows = base + target
+        self._copy(self.store.w13[layer], self.w13, want, rows, need)
+        self._copy(self.store.w2[layer], self.w2, want, rows, need)
+        counts = self.prefetch_counts if prefetch else self.counts
+        if prefetch:
+            counts[COUNTERS.index("prefetch_copies")] += need.sum()
+        else:
+            counts[COUNTERS.index("hits")] += hit.sum()
+            counts[COUNTERS.index("misses")] += need.sum()
+            counts[COUNTERS.index("prefetch_useful")] += self.fresh[li][local].logical_and(hit).sum()
+            self.fresh[li][local] = False
+        self.fresh[li][S] = False
+        holder[S] = E
+        return base + local.clamp(max=S - 1)
+
+    def _copy(self, src, dst, src_rows, dst_rows, valid):
+        if self.kernel == "triton":
+            from kernels.expert_copy import copy_rows
+            copy_rows(src, dst, src_rows, dst_rows, valid)
+        else:
+            from kernels.expert_copy import copy_rows_ref
+            copy_rows_ref(src, dst, src_rows, dst_rows, valid)
+
+    # ---- prediction ---------------------------------------------------------------------
+    def _prefetch(self, li: int, x: torch.Tensor):
+        """Pre-gating: place layer li's likely experts (routed by its router from `x`), on the side stream."""
+        E, S = self.num_experts, self.slots_per_layer
+        probs = F.softmax(self.routers[self.store.layers[li]](x), dim=-1, dtype=torch.float32)
+        w, ids = torch.topk(probs, self.top_k, dim=-1)
+        mass = torch.zeros(E, dtype=torch.float32, device=x.device).index_add_(0, ids.reshape(-1), w.reshape(-1))
+        top = torch.topk(mass, min(S, ids.numel(), E))
+        valid = top.values > 0
+        self.predicted_mask[li].zero_()
+        self.predicted_mask[li][torch.where(valid, top.indices, E)] = True
+        self.predicted[li] = True
+        if not self.cuda:
+            self._place(li, top.indices, valid, prefetch=True)
+            return
+        main = torch.cuda.current_stream(self.device)
+        self.copy_stream.wait_stream(main)
+        for t in (top.indices, valid):
+            t.record_stream(self.copy_stream)
+        with torch.cuda.stream(self.copy_stream):
+            self._place(li, top.indices, valid, prefetch=True)
+            self.joins[li] = torch.cuda.Event()
+            self.joins[li].record(self.copy_stream)
+
+    # ---- compute ------------------------------------------------------------------------
+    @torch.no_grad()
+    def run(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The routed experts' output [T, H] of MoE layer `layer` for x [T, H], weights/ids [T, k]."""
+        li = self.index[layer]
+        T, k = ids.shape
+        E, S = self.num_experts, self.slots_per_layer
+        if li == 0:
+            self.clock += 1
+            self.counts[COUNTERS.index("tokens")] += T
+        if self.joins[li] is not None:  # this layer's prefetch, forked while the previous layer ran
+            torch.cuda.current_stream(self.device).wait_event(self.joins[li])
+            self.joins[li] = None
+        flat = ids.reshape(-1)
+        used = torch.zeros(E, dtype=torch.bool, device=x.device).index_fill_(0, flat, True)
+        self.uses[li, :E] += used
+        if self.predicted[li]:
+            self.predicted[li] = False
+            pred = self.predicted_mask[li, :E]
+            for name, v in (("predicted", pred), ("predicted_used", pred & used), ("used_with_prediction", used)):
+                self.counts[COUNTERS.index(name)] += v.sum()
+        if li + 1 < self.num_layers and self.prefetch_depth:
+            self._prefetch(li + 1, x)
+        # passes of at most S experts, hits first: the union has at most min(T * k, E) experts
+        resident = self.slot_of[li, :E] >= 0
+        order = torch.sort((~used).to(torch.int8) * 2 + (~resident).to(torch.int8), stable=True).indices
+        union = min(T * k, E)
+        pairs = torch.empty(T * k, x.shape[1], dtype=x.dtype, device=x.device)  # every pair's expert is in a pass
+        for p in range(0, union, S):
+            want = order[p:min(p + S, union)]
+            valid = used[want]
+            slots = self._place(li, want, valid, prefetch=False)
+            slot_map = torch.full((E + 1,), -1, dtype=torch.int32, device=x.device)
+            slot_map[torch.where(valid, want, E)] = torch.where(valid, slots, -1).to(torch.int32)
+            self._pass(x, weights, ids, slot_map[:E], pairs)
+        return pairs.view(T, k, -1).sum(1, dtype=torch.float32).to(x.dtype)
+
+    def _pass(self, x, weights, ids, slot_map, pairs):
+        """pairs[p] = weight * expert(x[token]) for the pairs whose expert has a slot in `slot_map`."""
+        if self.kernel == "triton":
+            from kernels.fused_moe import block_size_m, fused_moe_pass, moe_align_block_size
+            T, k = ids.shape
+            align = moe_align_block_size(ids, block_size_m(T * k, self.num_experts), self.num_experts)
+            act = torch.empty(T * k, self.store.inter, dtype=x.dtype, device=x.device)
+            fused_moe_pass(x, self.w13, self.w2, weights.contiguous(), align, slot_map, act, pairs)
+            return
+        k, inter = ids.shape[1], self.store.inter
+        flat, slots = ids.reshape(-1), slot_map.tolist()  # the CPU reference may synchronise
+        for e in flat.unique().tolist():
+            if slots[e] < 0:
+                continue
+            rows = (flat == e).nonzero().squeeze(1)
+            xe, w13 = x[rows // k], self.w13[slots[e]]
+            y = (F.silu(xe @ w13[:inter].T) * (xe @ w13[inter:].T)) @ self.w2[slots[e]].T
+            pairs[rows] = y * weights.reshape(-1)[rows, None]
+
+    # ---- metrics ------------------------------------------------------------------------
+    def synchronize(self):
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def reset_stats(self):
+        self.synchronize()
+        self.counts.zero_()
+        self.prefetch_counts.zero_()
+
+    def resident_experts(self, layer: int) -> list[int]:
+        """The experts layer `layer` holds now (tests; synchronises)."""
+        held = self.holder[self.index[layer], :self.slots_per_layer].tolist()
+        return sorted(e for e in held if e != self.num_experts)
+
+    def stats(self) -> dict:
+        """The counters of `ExpertCache.stats`, names prefixed `expert_` (one synchronisation). Copies run
+        inside the step's kernels, so no stall or copy time is timed here: benchmarks time whole steps."""
+        raw = dict(zip(COUNTERS, (self.counts + self.prefetch_counts).tolist()))
+        uses = raw["hits"] + raw["misses"]
+        eb = self.store.expert_bytes
+        raw["bytes_on_demand"], raw["bytes_prefetched"] = raw["misses"] * eb, raw["prefetch_copies"] * eb
+        streamed = raw["bytes_on_demand"] + raw["bytes_prefetched"]
+        out = {f"expert_{k}": v for k, v in raw.items()}
+        out.update({
+            "expert_policy": self.policy, "expert_prefetch": self.prefetch_depth, "expert_decisions": "device",
+            "expert_slots_per_layer": self.slots_per_layer, "expert_num_experts": self.num_experts,
+            "expert_cache_bytes": self.nbytes, "expert_store_bytes": self.store.nbytes,
+            "expert_hit_rate": raw["hits"] / uses if uses else 1.0,
+            "expert_prefetch_precision": raw["predicted_used"] / raw["predicted"] if raw["predicted"] else 0.0,
+            "expert_prefetch_recall": (raw["predicted_used"] / raw["used_with_prediction"]
+                                       if raw["used_with_prediction"] else 0.0),
+            "expert_bytes_streamed": streamed,
+            "expert_bytes_per_token": streamed / max(raw["tokens"], 1),
+        })
+        return out
