@@ -304,7 +304,8 @@ def run_decode(engine: LLMEngine, counter: ExpertCounter, batch: int, context: i
     streaming = {}
     if expert_cache is not None:
         st = expert_cache.stats()
-        streaming = {k: st[f"expert_{k}"] for k in ("hit_rate", "bytes_per_token", "stall_s_per_token", "copy_gbps")}
+        streaming = {k: st.get(f"expert_{k}") for k in ("hit_rate", "bytes_per_token", "stall_s_per_token",
+                                                         "copy_gbps", "prefetch_recall", "decisions")}
     counter.unique, counter.enabled = 0, True
     graphs, engine.graphs = engine.graphs, None  # the counting hook runs only in an eager step
     engine.step()

@@ -19,7 +19,15 @@ first; the link-bound floor (bytes streamed per step / that bandwidth) and how c
 to it; and whether the final hidden states are bit-identical to the all-resident run (the same
 kernel over the same weights: any race between copies and compute would show).
 
+With `--graphs`, each row instead replays the slice's step as a CUDA graph: the experts streamed by
+`backend.graph_experts.DeviceExpertCache` (every decision on the device, copies by the kernel that reads
+pinned host memory) against the slice with every expert resident, also replayed as a graph; routing
+`uniform` (the dummy routers) or `local` (seeded tables with the SmolLM2 MoE's load skew and reuse,
+`backend.model.local_routes`, a row's consecutive steps in consecutive buckets). The copy kernel's own
+bandwidth over the link is measured beside `cudaMemcpyAsync`'s.
+
     python benchmarks/bench_experts.py --out reports/bench_experts.json       # H200, ~2-3 min
+    python benchmarks/bench_experts.py --graphs --out reports/graph_experts.json   # H200
     python benchmarks/bench_experts.py --smoke --out /tmp/bench_experts.json  # CPU, tiny shapes (CI)
 """
 from __future__ import annotations
@@ -47,8 +55,11 @@ DEVICE = use_interpreter_without_gpu()
 import triton  # noqa: E402
 
 from backend.config import ModelConfig  # noqa: E402
+from backend.engine import LOCALITY  # noqa: E402
 from backend.experts import ExpertCache, ExpertStore  # noqa: E402
-from backend.model import MoE  # noqa: E402
+from backend.graph_experts import DeviceExpertCache  # noqa: E402
+from backend.model import MoE, local_routes  # noqa: E402
+from kernels.expert_copy import copy_rows  # noqa: E402
 
 # name: (HF config fields, MoE layers benchmarked)
 MODELS = {
@@ -88,6 +99,33 @@ def h2d_bandwidth(device: str, nbytes: int = 1 << 30) -> float:
     return nbytes / statistics.median(times)
 
 
+def copy_kernel_bandwidth(store: ExpertStore, device: str, experts: int = 32) -> dict:
+    """Bytes per second of `copy_rows` bringing `experts` of the store's first layer from pinned host memory,
+    per block size (elements per program)."""
+    if device != "cuda":
+        return {}
+    return {block: _copy_kernel_bandwidth(store, device, experts, block) for block in (2048, 8192, 32768)}
+
+
+def _copy_kernel_bandwidth(store: ExpertStore, device: str, experts: int, block: int) -> float:
+    src = store.w13[store.layers[0]]
+    n = min(experts, src.shape[0])
+    dst = torch.empty((n, *src.shape[1:]), dtype=src.dtype, device=device)
+    rows = torch.arange(n, device=device)
+    valid = torch.ones(n, dtype=torch.bool, device=device)
+    copy_rows(src, dst, rows, rows, valid, block)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        copy_rows(src, dst, rows, rows, valid, block)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return dst.nbytes / statistics.median(times)
+
+
 class MoESlice(nn.Module):
     """MoE sublayers of consecutive decoder layers: x <- x + MoE(rms_norm(x)) each."""
 
@@ -103,6 +141,22 @@ class MoESlice(nn.Module):
             # as the loader's dummy format: U(-1, 1)/sqrt(fan_in), routers x4 for peakier routing
             moe.gate.weight.data.uniform_(-1, 1, generator=g).mul_(4.0 / H ** 0.5)
         self.hidden = H
+
+    def route_locally(self, batch: int, seed: int):
+        """Seeded routing tables with a trained router's locality (`local_routes`); `self.keys` [batch]
+        holds each row's bucket, advanced by one per step (`next_keys`)."""
+        for i, moe in enumerate(self.moes):
+            moe.seeded_routes = local_routes(moe.gate.out_features, moe.top_k, 4096, *LOCALITY,
+                                             seed=seed * 1009 + i).to(moe.gate.weight.device)
+            moe.route_keys = self.keys = torch.arange(batch, device=moe.gate.weight.device) * 104729 % 4096
+
+    def route_by_router(self):
+        for moe in self.moes:
+            moe.seeded_routes = moe.route_keys = None
+
+    def next_keys(self):
+        if self.moes[0].seeded_routes is not None:
+            self.keys.add_(1).remainder_(4096)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for moe in self.moes:
@@ -172,6 +226,89 @@ def bench_row(model: MoESlice, store: ExpertStore, cfg: ModelConfig, fraction: f
     return row
 
 
+@torch.inference_mode()
+def bench_graph_row(model: MoESlice, store: ExpertStore, cfg: ModelConfig, fraction: float, batch: int,
+                    routing: str, steps: int, warmup: int, device: str, link_bps: float, reference: dict) -> dict:
+    """One row of `--graphs`: the slice's step replayed as a CUDA graph (on the CPU: the same static
+    buffers run eagerly), all experts resident (fraction 1) or streamed by a `DeviceExpertCache`."""
+    L, E = len(store.layers), cfg.num_experts
+    if routing == "local":
+        model.route_locally(batch, seed=2)
+    else:
+        model.route_by_router()
+    cache = None
+    if fraction >= 1.0:
+        for li, moe in zip(store.layers, model.moes):
+            moe.w13, moe.w2 = store.w13[li].to(device), store.w2[li].to(device)
+    else:
+        budget = max(1, round(fraction * E)) * store.expert_bytes * L
+        cache = DeviceExpertCache(store, {i: m.gate for i, m in enumerate(model.moes)}, cfg.num_experts_per_tok,
+                                  budget, device)
+        for i, moe in enumerate(model.moes):
+            moe.experts = cache.layer(i)
+    g = torch.Generator(device=device).manual_seed(1234)
+    inputs = [torch.randn(batch, cfg.hidden_size, generator=g, device=device).to(store.dtype)
+              for _ in range(warmup + steps)]
+    static_x = inputs[0].clone()
+    graph = None
+    if device == "cuda":
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # compile the kernels outside the capture
+            model(static_x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = model(static_x)
+
+    def step(x):
+        model.next_keys()
+        static_x.copy_(x)
+        if graph is None:
+            return model(static_x)
+        graph.replay()
+        return out
+
+    for x in inputs[:warmup]:
+        step(x)
+    if cache is not None:
+        cache.reset_stats()
+    step_s = []
+    for x in inputs[warmup:]:
+        sync(device)
+        t0 = time.perf_counter()
+        result = step(x)
+        sync(device)
+        step_s.append(time.perf_counter() - t0)
+    step_t = statistics.median(step_s)
+    key = (batch, routing)
+    if cache is None:
+        reference[key] = (result.clone(), step_t)
+    ref_out, ref_step = reference.get(key, (None, None))
+    row = {"budget": fraction, "batch": batch, "routing": routing, "graph": graph is not None,
+           "slots_per_layer": cache.slots_per_layer if cache else E,
+           "step_ms": step_t * 1e3, "step_ms_p90": sorted(step_s)[int(0.9 * (len(step_s) - 1))] * 1e3,
+           "layer_ms": step_t / L * 1e3, "model_step_ms": step_t / L * cfg.num_layers * 1e3,
+           "vs_resident": step_t / ref_step if ref_step else None,
+           "exact_vs_resident": bool(torch.equal(result, ref_out)) if ref_out is not None else None,
+           "max_diff_vs_resident": (result.float() - ref_out.float()).abs().max().item() if ref_out is not None else None}
+    if cache is not None:
+        st = cache.stats()
+        per_step = st["expert_bytes_streamed"] / steps
+        floor = per_step / link_bps if link_bps else 0.0
+        row.update({"hit_rate": st["expert_hit_rate"], "prefetch_precision": st["expert_prefetch_precision"],
+                    "prefetch_recall": st["expert_prefetch_recall"], "MB_per_step": per_step / 1e6,
+                    "experts_per_step": (st["expert_misses"] + st["expert_prefetch_copies"]) / steps,
+                    "floor_ms": floor * 1e3, "vs_floor": step_t / floor if floor else None,
+                    "link_share": floor / step_t})  # the share of the step the link must be busy at full speed
+    for moe in model.moes:
+        moe.experts = None
+        if fraction >= 1.0:
+            del moe.w13, moe.w2
+    del cache, graph
+    return row
+
+
 def fmt(v, spec=".2f"):
     return "-" if v is None else format(v, spec) if isinstance(v, float) else str(v)
 
@@ -192,6 +329,24 @@ def print_rows(name: str, rows: list[dict]):
         print("| " + " | ".join(fmt(r[c], s) if s else fmt(r[c]) for c, s in cols) + " |")
 
 
+GRAPH_COLUMNS = [("budget", ".2f"), ("batch", ""), ("routing", ""), ("graph", ""), ("slots_per_layer", ""),
+                 ("step_ms", ".2f"), ("model_step_ms", ".1f"), ("vs_resident", ".2f"), ("hit_rate", ".2f"),
+                 ("prefetch_precision", ".2f"), ("prefetch_recall", ".2f"), ("experts_per_step", ".1f"),
+                 ("MB_per_step", ".1f"), ("floor_ms", ".2f"), ("vs_floor", ".2f"), ("link_share", ".2f"),
+                 ("exact_vs_resident", "")]
+
+
+def print_graph_rows(name: str, rows: list[dict]):
+    print(f"\n## {name} (CUDA-graph steps)")
+    print("| " + " | ".join(c for c, _ in GRAPH_COLUMNS) + " |")
+    print("|" + "---|" * len(GRAPH_COLUMNS))
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['budget']} | {r['batch']} | {r['routing']} | error: {r['error']} |")
+            continue
+        print("| " + " | ".join(fmt(r.get(c), s) if s else fmt(r.get(c)) for c, s in GRAPH_COLUMNS) + " |")
+
+
 def run_model(name, hf, num_layers, args, device, link_bps) -> dict:
     cfg = ModelConfig.from_hf(hf)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -203,24 +358,32 @@ def run_model(name, hf, num_layers, args, device, link_bps) -> dict:
     print(f"{name}: {num_layers} of {cfg.num_layers} MoE layers, {cfg.num_experts} experts top-"
           f"{cfg.num_experts_per_tok}, expert {store.expert_bytes / 1e6:.1f} MB, store "
           f"{store.nbytes / 1e9:.1f} GB pinned, built in {build_s:.1f} s", flush=True)
-    grid = [(f, b, 1, "lru") for b in args.batches for f in sorted(args.budgets, reverse=True)]
-    grid += [(0.5, 1, 0, "lru"), (0.5, 1, 2, "lru"), (0.5, 1, 1, "lfu")]  # prefetch off / deeper, LFU
+    fractions = sorted(set(args.budgets) | {1.0}, reverse=True)  # the resident reference first
+    if args.graphs:
+        grid = [(f, b, routing) for b in args.batches for routing in ("local", "uniform") for f in fractions]
+    else:
+        grid = [(f, b, 1, "lru") for b in args.batches for f in fractions]
+        grid += [(0.5, 1, 0, "lru"), (0.5, 1, 2, "lru"), (0.5, 1, 1, "lfu")]  # prefetch off / deeper, LFU
     rows, reference = [], {}
-    for fraction, batch, prefetch, policy in grid:
+    for point in grid:
         try:
-            row = bench_row(model, store, cfg, fraction, batch, prefetch, policy, args.steps, args.warmup,
-                            device, link_bps, reference)
+            if args.graphs:
+                row = bench_graph_row(model, store, cfg, *point, args.steps, args.warmup, device, link_bps, reference)
+            else:
+                row = bench_row(model, store, cfg, *point, args.steps, args.warmup, device, link_bps, reference)
         except Exception as e:  # a failing row is printed and skipped
             traceback.print_exc()
-            row = {"budget": fraction, "batch": batch, "prefetch": prefetch, "policy": policy,
-                   "error": f"{type(e).__name__}: {e}"}
+            names = ("budget", "batch", "routing") if args.graphs else ("budget", "batch", "prefetch", "policy")
+            row = {**dict(zip(names, point)), "error": f"{type(e).__name__}: {e}"}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print_rows(name, rows)
+    (print_graph_rows if args.graphs else print_rows)(name, rows)
     result = {"layers_benchmarked": num_layers, "layers": cfg.num_layers, "experts": cfg.num_experts,
               "top_k": cfg.num_experts_per_tok, "hidden": cfg.hidden_size,
               "intermediate": cfg.moe_intermediate_size, "expert_MB": store.expert_bytes / 1e6,
-              "store_build_s": build_s, "rows": rows}
+              "store_build_s": build_s,
+              "copy_kernel_GBps": {b: v / 1e9 for b, v in copy_kernel_bandwidth(store, device).items()}, "rows": rows}
+    print(f"copy kernel from pinned host memory, GB/s by block: {result['copy_kernel_GBps']}", flush=True)
     del store, model
     return result
 
@@ -235,6 +398,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--layers", type=int, default=None, help="MoE layers per slice (default per model)")
+    p.add_argument("--graphs", action="store_true",
+                   help="CUDA-graph steps: the device-decided expert cache against all experts resident")
     args = p.parse_args(argv)
     args.budgets = [float(v) for v in args.budgets.split(",")]
     args.batches = [int(v) for v in args.batches.split(",")]

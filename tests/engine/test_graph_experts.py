@@ -28,8 +28,9 @@ LAYERS = (0, 1, 2)
 
 def make_cache(slots, kernel="torch", policy="lru", prefetch=True, seed=0) -> DeviceExpertCache:
     g = torch.Generator().manual_seed(seed)
-    store = ExpertStore({l: torch.randn(E, 2 * I, H, generator=g) for l in LAYERS},
-                        {l: torch.randn(E, H, I, generator=g) for l in LAYERS})
+    pin = (lambda t: t.pin_memory()) if DEVICE == "cuda" else (lambda t: t)  # the copy kernel reads host memory
+    store = ExpertStore({l: pin(torch.randn(E, 2 * I, H, generator=g)) for l in LAYERS},
+                        {l: pin(torch.randn(E, H, I, generator=g)) for l in LAYERS})
     routers = {l: nn.Linear(H, E, bias=False) for l in LAYERS}
     for r in routers.values():
         r.weight.data = torch.randn(E, H, generator=g)
@@ -61,8 +62,8 @@ def test_copy_kernel_moves_only_the_valid_rows():
     dst, expected = torch.zeros(4, 3, 5), torch.zeros(4, 3, 5)
     src_rows, dst_rows = torch.tensor([5, 0, 2, 3]), torch.tensor([1, 3, 0, 2])
     valid = torch.tensor([True, False, True, True])
-    copy_rows(src.to(DEVICE), dst := dst.to(DEVICE), src_rows.to(DEVICE), dst_rows.to(DEVICE), valid.to(DEVICE),
-              block=4)
+    host = src.pin_memory() if DEVICE == "cuda" else src  # on CUDA the kernel reads pinned host memory
+    copy_rows(host, dst := dst.to(DEVICE), src_rows.to(DEVICE), dst_rows.to(DEVICE), valid.to(DEVICE), block=4)
     copy_rows_ref(src, expected, src_rows, dst_rows, valid)
     assert torch.equal(dst.cpu(), expected) and expected[3].abs().sum() == 0 and torch.equal(expected[1], src[5])
 
@@ -79,7 +80,8 @@ def test_outputs_equal_the_resident_experts(kernel, slots, tokens):
             x = torch.randn(tokens, H, generator=g)
             weights, ids = torch.topk(torch.rand(tokens, E, generator=g).softmax(-1), K, dim=-1)
             out = cache.run(layer, x.to(DEVICE), weights.to(DEVICE), ids.to(DEVICE)).cpu()
-            torch.testing.assert_close(out, resident_output(cache, layer, x, weights, ids), rtol=1e-4, atol=1e-4)
+            tol = 1e-2 if DEVICE == "cuda" else 1e-4  # the fused kernel's tf32 dots on CUDA
+            torch.testing.assert_close(out, resident_output(cache, layer, x, weights, ids), rtol=tol, atol=tol)
             check_bookkeeping(cache)
     st = cache.stats()
     assert st["expert_hits"] + st["expert_misses"] > 0 and st["expert_misses"] > 0
