@@ -99,6 +99,25 @@ class ExpertStore:
         return cls(w13, w2)
 
 
+def cache_setup(store: ExpertStore, budget_bytes: int | None, device, policy: str,
+                kernel: str) -> tuple[torch.device, str, int]:
+    """An expert cache's (device, kernel, slots per MoE layer), its options checked: `budget_bytes`
+    split evenly over the layers (None: every expert), `kernel` "auto" -> "triton" on CUDA."""
+    if policy not in POLICIES:
+        raise ValueError(f"expert cache policy must be one of {POLICIES}, not {policy!r}")
+    device = torch.device(device)
+    resolved = ("triton" if device.type == "cuda" else "torch") if kernel == "auto" else kernel
+    if resolved not in ("triton", "torch"):
+        raise ValueError(f"expert kernel must be 'triton', 'torch' or 'auto', not {kernel!r}")
+    L, E = len(store.layers), store.num_experts
+    per_layer = E if budget_bytes is None else budget_bytes // (store.expert_bytes * L)
+    if per_layer < 1:
+        raise ValueError(f"expert budget of {budget_bytes} bytes holds less than one expert per MoE "
+                         f"layer; the least is {store.expert_bytes * L} bytes ({L} layers x "
+                         f"{store.expert_bytes} bytes)")
+    return device, resolved, min(E, per_layer)
+
+
 @dataclass
 class ExpertStats:
     tokens: int = 0  # tokens through the first MoE layer
@@ -136,23 +155,13 @@ class ExpertCache:
     def __init__(self, store: ExpertStore, routers: dict[int, nn.Module], top_k: int,
                  budget_bytes: int | None, device, prefetch: int = 1, policy: str = "lru",
                  kernel: str = "auto"):
-        if policy not in POLICIES:
-            raise ValueError(f"expert cache policy must be one of {POLICIES}, not {policy!r}")
-        self.device = torch.device(device)
+        self.device, self.kernel, S = cache_setup(store, budget_bytes, device, policy, kernel)
         self.cuda = self.device.type == "cuda"
-        self.kernel = ("triton" if self.cuda else "torch") if kernel == "auto" else kernel
-        if self.kernel not in ("triton", "torch"):
-            raise ValueError(f"expert kernel must be 'triton', 'torch' or 'auto', not {kernel!r}")
         self.store, self.routers, self.top_k = store, routers, top_k
         self.policy, self.prefetch_depth = policy, max(0, int(prefetch))
         L, E = len(store.layers), store.num_experts
         self.num_layers, self.num_experts = L, E
-        per_layer = E if budget_bytes is None else budget_bytes // (store.expert_bytes * L)
-        if per_layer < 1:
-            raise ValueError(f"expert budget of {budget_bytes} bytes holds less than one expert per MoE "
-                             f"layer; the least is {store.expert_bytes * L} bytes ({L} layers x "
-                             f"{store.expert_bytes} bytes)")
-        S = self.slots_per_layer = min(E, per_layer)
+        self.slots_per_layer = S
         self.budget_bytes = budget_bytes
         self.index = {layer: i for i, layer in enumerate(store.layers)}
         self.w13 = torch.empty(L * S, 2 * store.inter, store.hidden, dtype=store.dtype, device=self.device)

@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from backend.experts import POLICIES, ExpertStore, _LayerExperts
+from backend.experts import ExpertStore, _LayerExperts, cache_setup
 
 # device counters: one int64 each
 COUNTERS = ("tokens", "hits", "misses", "prefetch_copies", "prefetch_useful", "predicted", "predicted_used",
@@ -45,18 +45,9 @@ class DeviceExpertCache:
 
     def __init__(self, store: ExpertStore, routers: dict[int, nn.Module], top_k: int, budget_bytes: int,
                  device, prefetch: bool = True, policy: str = "lru", kernel: str = "auto"):
-        if policy not in POLICIES:
-            raise ValueError(f"expert cache policy must be one of {POLICIES}, not {policy!r}")
-        self.device = torch.device(device)
+        self.device, self.kernel, S = cache_setup(store, budget_bytes, device, policy, kernel)
         self.cuda = self.device.type == "cuda"
-        self.kernel = ("triton" if self.cuda else "torch") if kernel == "auto" else kernel
-        if self.kernel not in ("triton", "torch"):
-            raise ValueError(f"expert kernel must be 'triton', 'torch' or 'auto', not {kernel!r}")
         L, E = len(store.layers), store.num_experts
-        S = min(E, budget_bytes // (store.expert_bytes * L))
-        if S < 1:
-            raise ValueError(f"expert budget of {budget_bytes} bytes holds less than one expert per MoE layer; "
-                             f"the least is {store.expert_bytes * L} bytes ({L} layers x {store.expert_bytes} bytes)")
         self.store, self.routers, self.top_k, self.policy = store, routers, top_k, policy
         self.prefetch_depth = 1 if prefetch else 0
         self.num_layers, self.num_experts, self.slots_per_layer = L, E, S

@@ -313,22 +313,11 @@ def fmt(v, spec=".2f"):
     return "-" if v is None else format(v, spec) if isinstance(v, float) else str(v)
 
 
-def print_rows(name: str, rows: list[dict]):
-    cols = [("budget", ".2f"), ("batch", ""), ("prefetch", ""), ("policy", ""), ("slots_per_layer", ""),
-            ("step_ms", ".2f"), ("layer_ms", ".3f"), ("model_step_ms", ".1f"), ("vs_resident", ".2f"),
-            ("hit_rate", ".2f"), ("prefetch_precision", ".2f"), ("prefetch_recall", ".2f"),
-            ("MB_per_token", ".1f"), ("stall_ms_per_step", ".2f"), ("copy_GBps", ".1f"), ("link_util", ".2f"),
-            ("link_busy", ".2f"), ("floor_ms", ".2f"), ("vs_floor", ".2f"), ("exact_vs_resident", "")]
-    print(f"\n## {name}")
-    print("| " + " | ".join(c for c, _ in cols) + " |")
-    print("|" + "---|" * len(cols))
-    for r in rows:
-        if "error" in r:
-            print(f"| {r['budget']} | {r['batch']} | error: {r['error']} |")
-            continue
-        print("| " + " | ".join(fmt(r[c], s) if s else fmt(r[c]) for c, s in cols) + " |")
-
-
+ROW_COLUMNS = [("budget", ".2f"), ("batch", ""), ("prefetch", ""), ("policy", ""), ("slots_per_layer", ""),
+               ("step_ms", ".2f"), ("layer_ms", ".3f"), ("model_step_ms", ".1f"), ("vs_resident", ".2f"),
+               ("hit_rate", ".2f"), ("prefetch_precision", ".2f"), ("prefetch_recall", ".2f"),
+               ("MB_per_token", ".1f"), ("stall_ms_per_step", ".2f"), ("copy_GBps", ".1f"), ("link_util", ".2f"),
+               ("link_busy", ".2f"), ("floor_ms", ".2f"), ("vs_floor", ".2f"), ("exact_vs_resident", "")]
 GRAPH_COLUMNS = [("budget", ".2f"), ("batch", ""), ("routing", ""), ("graph", ""), ("slots_per_layer", ""),
                  ("step_ms", ".2f"), ("model_step_ms", ".1f"), ("vs_resident", ".2f"), ("hit_rate", ".2f"),
                  ("prefetch_precision", ".2f"), ("prefetch_recall", ".2f"), ("experts_per_step", ".1f"),
@@ -336,15 +325,15 @@ GRAPH_COLUMNS = [("budget", ".2f"), ("batch", ""), ("routing", ""), ("graph", ""
                  ("exact_vs_resident", "")]
 
 
-def print_graph_rows(name: str, rows: list[dict]):
-    print(f"\n## {name} (CUDA-graph steps)")
-    print("| " + " | ".join(c for c, _ in GRAPH_COLUMNS) + " |")
-    print("|" + "---|" * len(GRAPH_COLUMNS))
+def print_rows(title: str, rows: list[dict], cols: list[tuple[str, str]]):
+    print(f"\n## {title}")
+    print("| " + " | ".join(c for c, _ in cols) + " |")
+    print("|" + "---|" * len(cols))
     for r in rows:
         if "error" in r:
-            print(f"| {r['budget']} | {r['batch']} | {r['routing']} | error: {r['error']} |")
+            print(f"| {r['budget']} | {r['batch']} | error: {r['error']} |")
             continue
-        print("| " + " | ".join(fmt(r.get(c), s) if s else fmt(r.get(c)) for c, s in GRAPH_COLUMNS) + " |")
+        print("| " + " | ".join(fmt(r.get(c), spec) if spec else fmt(r.get(c)) for c, spec in cols) + " |")
 
 
 def run_model(name, hf, num_layers, args, device, link_bps) -> dict:
@@ -377,7 +366,10 @@ def run_model(name, hf, num_layers, args, device, link_bps) -> dict:
             row = {**dict(zip(names, point)), "error": f"{type(e).__name__}: {e}"}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    (print_graph_rows if args.graphs else print_rows)(name, rows)
+    if args.graphs:
+        print_rows(f"{name} (CUDA-graph steps)", rows, GRAPH_COLUMNS)
+    else:
+        print_rows(name, rows, ROW_COLUMNS)
     result = {"layers_benchmarked": num_layers, "layers": cfg.num_layers, "experts": cfg.num_experts,
               "top_k": cfg.num_experts_per_tok, "hidden": cfg.hidden_size,
               "intermediate": cfg.moe_intermediate_size, "expert_MB": store.expert_bytes / 1e6,
