@@ -486,8 +486,9 @@ def main():
                 print(f"{head}  {r['error']}")
             else:
                 print(f"{head} {r['step_ms']:9.2f} {r['fill_step_ms']:8.2f} {r['roofline_ms']:11.2f} {r['gap']:6.2f} "
-                      + (f"hit {r['hit_rate']:.2f} stall/token {r['stall_s_per_token'] * 1e3:.1f} ms "
-                         f"{r['bytes_per_token'] / 1e6:.0f} MB/token at {r['copy_gbps']:.1f} GB/s" if "hit_rate" in r else ""))
+                      + (f"hit {r['hit_rate']:.2f} recall {r['prefetch_recall']:.2f} "
+                         f"{r['bytes_per_token'] / 1e6:.0f} MB/token, decided on the {r['decisions'] or 'host'}"
+                         if "hit_rate" in r else ""))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
