@@ -55,8 +55,10 @@ FAULTS = ("step", "engine")
 
 # Routing statistics of SmolLM2 split into experts on WikiText-2 (benchmarks/moe_routing.py, 32 of 128 experts;
 # journal 2026-12-04 9e): the busiest expert's load over the mean, and the share of a token's experts that the
-# previous token chose. moe_routing="local" gives dummy models these.
+# previous token chose. moe_routing="local" gives dummy models these, and PREGATING_RECALL: the share of a layer's
+# experts that the next layer's router names from this layer's input (BENCHMARKS.md 8, "named from layer L-1").
 LOCALITY = (2.16, 0.43)
+PREGATING_RECALL = 0.40
 
 
 @dataclass
@@ -170,7 +172,9 @@ class LLMEngine:
         self.model.setup_rotary(self.max_model_len)
         self.moe_layers = [m for m in self.model.modules() if isinstance(m, MoE)]
         if args.moe_routing != "learned":
-            self.model.seed_routing(args.seed, locality=LOCALITY if args.moe_routing == "local" else None)
+            local = args.moe_routing == "local"
+            self.model.seed_routing(args.seed, locality=LOCALITY if local else None,
+                                    pregating_recall=PREGATING_RECALL if local else None)
         most_tokens = max(args.max_num_batched_tokens, self.max_model_len)  # a step, or a `score` chunk
         ones = torch.ones(most_tokens * self.cfg.num_experts_per_tok, dtype=torch.float64,
                           device=args.device) if self.moe_layers else None

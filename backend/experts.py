@@ -148,7 +148,7 @@ class _LayerExperts:
 
 class ExpertCache:
     """Device slots for `budget_bytes` of experts (None: all of them), `budget // (expert_bytes *
-    layers)` per MoE layer, filled from `store`. `routers[layer]` is the layer's gate (pre-gating),
+    layers)` per MoE layer, filled from `store`. `routers[layer](x)` gives the layer's router logits (pre-gating),
     `prefetch` how many MoE layers ahead to predict (0: fetch on demand only), `policy` "lru" or
     "lfu", `kernel` "triton" (fused MoE), "torch" (grouped_experts) or "auto" (triton on CUDA)."""
 
@@ -505,7 +505,7 @@ def attach_expert_streaming(model: nn.Module, budget_bytes: int | None, prefetch
     device = torch.device(device if device is not None else first.gate.weight.device)
     dtype = dtype or first.w13.dtype
     store = ExpertStore.take_from(moes, dtype, pin=device.type == "cuda")
-    routers = {i: m.gate for i, m in moes.items()}
+    routers = {i: m.prefetch_logits for i, m in moes.items()}  # pre-gating
     if decisions == "device":
         from backend.graph_experts import DeviceExpertCache
         cache = DeviceExpertCache(store, routers, first.top_k, budget_bytes, device, prefetch > 0, policy, kernel)

@@ -37,7 +37,7 @@ COUNTERS = ("tokens", "hits", "misses", "prefetch_copies", "prefetch_useful", "p
 
 class DeviceExpertCache:
     """Device slots for `budget_bytes` of experts (`budget // (expert_bytes * layers)` per MoE layer) filled
-    from `store`, with every decision taken on the device. `routers[layer]`: the layer's gate (pre-gating);
+    from `store`, with every decision taken on the device. `routers[layer](x)`: the layer's router logits (pre-gating);
     `prefetch`: predict the next MoE layer's experts (False: on demand only); `policy` "lru" or "lfu";
     `kernel` "triton" (fused MoE and the copy kernel), "torch" (PyTorch references) or "auto"."""
 

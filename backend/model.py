@@ -159,6 +159,7 @@ class MoE(nn.Module):
             self.shared_expert_gate = nn.Linear(H, 1, bias=False)
         self.experts = None  # an ExpertCache (backend/experts.py) replaces the stacked weights when streaming
         self.seeded_routes = None  # [buckets, top_k] experts per bucket: seeded routing (`seed_routing`)
+        self.predicted_routes = None  # [buckets, top_k] what a prefetcher names per bucket (`prefetch_logits`)
         self.route_keys = None     # [T] each token's bucket, set by the forward when routing is seeded
         self.routed_tokens = None  # [E] float64: tokens routed to each expert, when the engine counts them
         self.routed_ones = None    # ones to add, as many as a step's (token, expert) pairs (shared by layers)
@@ -171,6 +172,15 @@ class MoE(nn.Module):
             from kernels.fused_moe import moe_route
             return moe_route(self.gate(x), self.top_k, self.norm_topk_prob, *seeded)
         return moe_route_ref(self.gate(x), self.top_k, self.norm_topk_prob, *seeded)
+
+    def prefetch_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits an expert prefetcher ranks this layer's experts by, from the previous MoE layer's input x
+        (backend/experts.py): this router's; with seeded routing that has a predictability, ones at the
+        experts the blurred tables name for the tokens' buckets (a dummy model's router is unrelated to them)."""
+        if self.predicted_routes is None:
+            return self.gate(x)
+        ids = self.predicted_routes[self.route_keys[: x.shape[0]]]
+        return torch.zeros(x.shape[0], self.gate.out_features, device=x.device).scatter_(1, ids, 1.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
@@ -258,6 +268,18 @@ def _route_chain(num_experts: int, top_k: int, buckets: int, reuse: float, expon
     return out
 
 
+def blur_routes(routes: torch.Tensor, num_experts: int, keep: float, seed: int) -> torch.Tensor:
+    """A copy of routing tables [buckets, top_k] in which each expert is kept with probability `keep` and
+    otherwise replaced by one the row does not hold: what a prefetcher of that recall would name."""
+    rng = np.random.default_rng(seed)
+    out = routes.numpy().copy()
+    for row in out:
+        lost = rng.random(len(row)) >= keep
+        others = np.setdiff1d(np.arange(num_experts), row)
+        row[lost] = rng.choice(others, size=int(lost.sum()), replace=False)
+    return torch.from_numpy(out)
+
+
 @functools.lru_cache
 def _zipf_exponent(num_experts: int, top_k: int, buckets: int, load_skew: float, reuse: float) -> float:
     """The popularity exponent whose chain has the busiest expert at `load_skew` times the mean load: bisection
@@ -285,7 +307,8 @@ class Transformer(nn.Module):
         self.seeded_routing = 0  # buckets of seeded routing; 0: learned routing
         self.route_stride = 7919
 
-    def seed_routing(self, seed: int, buckets: int = 4096, locality: tuple[float, float] | None = None):
+    def seed_routing(self, seed: int, buckets: int = 4096, locality: tuple[float, float] | None = None,
+                     pregating_recall: float | None = None):
         """Route every token by a hash of its position and its row in the step, not by its hidden state: each
         bucket has its own top-k experts, drawn from `seed`, per MoE layer; the router's weights stay. For
         benchmarks on dummy weights, so that arms that compute different activations (KV formats, graphs or
@@ -293,7 +316,8 @@ class Transformer(nn.Module):
         `locality` (load skew, reuse): instead of uniform draws, tables with a trained router's statistics
         (`local_routes`), and consecutive positions of a row in consecutive buckets, so that a decoding
         sequence's next token reuses experts as it would there (while its row in the batch stays; a prompt
-        chunk's tokens, one row each, do not)."""
+        chunk's tokens, one row each, do not). `pregating_recall`: expert prefetchers name a layer's experts from
+        tables that keep that share of them (`blur_routes`), as a trained router predicts the next layer's."""
         for i, m in enumerate(m for m in self.modules() if isinstance(m, MoE)):
             E = m.gate.out_features
             if locality is None:
@@ -302,6 +326,8 @@ class Transformer(nn.Module):
             else:
                 routes = local_routes(E, m.top_k, buckets, *locality, seed=seed * 1009 + i)
             m.seeded_routes = routes.to(self.embed_tokens.weight.device)
+            if pregating_recall is not None:
+                m.predicted_routes = blur_routes(routes, E, pregating_recall, seed * 1009 + i + 1).to(m.seeded_routes.device)
         self.seeded_routing = buckets
         self.route_stride = 7919 if locality is None else 1  # position -> bucket: scattered, or consecutive
 

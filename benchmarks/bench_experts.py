@@ -55,10 +55,10 @@ DEVICE = use_interpreter_without_gpu()
 import triton  # noqa: E402
 
 from backend.config import ModelConfig  # noqa: E402
-from backend.engine import LOCALITY  # noqa: E402
+from backend.engine import LOCALITY, PREGATING_RECALL  # noqa: E402
 from backend.experts import ExpertCache, ExpertStore  # noqa: E402
 from backend.graph_experts import DeviceExpertCache  # noqa: E402
-from backend.model import MoE, local_routes  # noqa: E402
+from backend.model import MoE, blur_routes, local_routes  # noqa: E402
 from kernels.expert_copy import copy_rows  # noqa: E402
 
 # name: (HF config fields, MoE layers benchmarked)
@@ -143,16 +143,19 @@ class MoESlice(nn.Module):
         self.hidden = H
 
     def route_locally(self, batch: int, seed: int):
-        """Seeded routing tables with a trained router's locality (`local_routes`); `self.keys` [batch]
-        holds each row's bucket, advanced by one per step (`next_keys`)."""
+        """Seeded routing tables with a trained router's locality (`local_routes`) and predictability from the
+        previous layer (`blur_routes`); `self.keys` [batch] holds each row's bucket, advanced by one per step
+        (`next_keys`)."""
         for i, moe in enumerate(self.moes):
-            moe.seeded_routes = local_routes(moe.gate.out_features, moe.top_k, 4096, *LOCALITY,
-                                             seed=seed * 1009 + i).to(moe.gate.weight.device)
+            E = moe.gate.out_features
+            routes = local_routes(E, moe.top_k, 4096, *LOCALITY, seed=seed * 1009 + i)
+            moe.seeded_routes = routes.to(moe.gate.weight.device)
+            moe.predicted_routes = blur_routes(routes, E, PREGATING_RECALL, seed * 1009 + i + 1).to(moe.gate.weight.device)
             moe.route_keys = self.keys = torch.arange(batch, device=moe.gate.weight.device) * 104729 % 4096
 
     def route_by_router(self):
         for moe in self.moes:
-            moe.seeded_routes = moe.route_keys = None
+            moe.seeded_routes = moe.predicted_routes = moe.route_keys = None
 
     def next_keys(self):
         if self.moes[0].seeded_routes is not None:
@@ -176,7 +179,7 @@ def bench_row(model: MoESlice, store: ExpertStore, cfg: ModelConfig, fraction: f
     L = len(store.layers)
     slots = max(1, round(fraction * cfg.num_experts))
     budget = slots * store.expert_bytes * L
-    routers = {i: moe.gate for i, moe in enumerate(model.moes)}
+    routers = {i: moe.prefetch_logits for i, moe in enumerate(model.moes)}
     cache = ExpertCache(store, routers, cfg.num_experts_per_tok, budget, device, prefetch, policy)
     for i, moe in enumerate(model.moes):
         moe.experts = cache.layer(i)
@@ -242,7 +245,7 @@ def bench_graph_row(model: MoESlice, store: ExpertStore, cfg: ModelConfig, fract
             moe.w13, moe.w2 = store.w13[li].to(device), store.w2[li].to(device)
     else:
         budget = max(1, round(fraction * E)) * store.expert_bytes * L
-        cache = DeviceExpertCache(store, {i: m.gate for i, m in enumerate(model.moes)}, cfg.num_experts_per_tok,
+        cache = DeviceExpertCache(store, {i: m.prefetch_logits for i, m in enumerate(model.moes)}, cfg.num_experts_per_tok,
                                   budget, device)
         for i, moe in enumerate(model.moes):
             moe.experts = cache.layer(i)

@@ -14,9 +14,10 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 from backend.cuda_graphs import StepGraphs  # noqa: E402
-from backend.engine import EngineArgs, LLMEngine  # noqa: E402
+from backend.engine import LOCALITY, PREGATING_RECALL, EngineArgs, LLMEngine  # noqa: E402
 from backend.experts import ExpertStore, expert_nbytes  # noqa: E402
 from backend.graph_experts import DeviceExpertCache  # noqa: E402
+from backend.model import blur_routes, local_routes  # noqa: E402
 from backend.sampling import SamplingParams  # noqa: E402
 from kernels.expert_copy import copy_rows, copy_rows_ref  # noqa: E402
 from kernels.moe_reference import grouped_experts  # noqa: E402
@@ -158,3 +159,24 @@ def test_bad_decisions_are_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_MOE))
     with pytest.raises(ValueError, match="expert_decisions"):
         LLMEngine(EngineArgs(model=str(tmp_path), load_format="dummy", tokenizer="none", expert_decisions="gpu"))
+
+
+def test_local_routing_is_predicted_at_the_measured_recall(tmp_path):
+    """`moe_routing="local"`: the prefetcher names a layer's experts from tables that keep PREGATING_RECALL of
+    them (`blur_routes`: a trained router's predictability from the previous layer), so a streamed model's
+    prefetch recall is that, where a dummy router, unrelated to the tables, would name top_k / experts."""
+    routes = local_routes(128, 8, 4096, *LOCALITY, seed=1)
+    blurred = blur_routes(routes, 128, PREGATING_RECALL, seed=2)
+    onehot = torch.zeros(4096, 128)
+    assert (onehot.scatter(1, blurred, 1.0).sum(1) == 8).all()  # still eight distinct experts a row
+    kept = (onehot.scatter(1, routes, 1.0) * onehot.scatter(1, blurred, 1.0)).sum(1).mean().item() / 8
+    assert abs(kept - PREGATING_RECALL) < 0.02
+    (tmp_path / "config.json").write_text(json.dumps({**QWEN3_MOE, "num_experts": 16}))
+    budget = 8 * expert_nbytes(128, 64, torch.float32) * 3
+    engine = LLMEngine(EngineArgs(model=str(tmp_path), load_format="dummy", tokenizer="none", device=DEVICE,
+                                  dtype="float32", max_num_seqs=1, moe_routing="local", enforce_eager=True,
+                                  expert_budget_bytes=budget, expert_decisions="device"))
+    engine.add_request(None, SamplingParams(max_tokens=300, temperature=0, ignore_eos=True), prompt_ids=[1, 2])
+    while engine.has_unfinished():
+        engine.step()
+    assert abs(engine.stats()["expert_prefetch_recall"] - PREGATING_RECALL) < 0.06
