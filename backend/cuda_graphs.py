@@ -8,7 +8,8 @@ Two kinds of step replay a graph:
 - decode steps, one graph per batch size (every size up to `max_batch`);
 - steps that carry prompt chunks beside decodes, up to `max_tokens` tokens, one graph per size bucket
   (`token_sizes`): the step's rows are padded to the bucket with rows that write and read the cache's
-  scratch block (or window slot) only. Page-addressed formats attend with the tiles kernel
+  scratch block (or window slot) only, and take the first row's experts at weight 0 (no expert is read, or
+  streamed in, for padding). Page-addressed formats attend with the tiles kernel
   (kernels/paged_attention.py `paged_tiles_attention`), which takes the prompt chunks' causal rows and the
   decodes in one launch;
   windowed formats (ALR-KVD, KIVI) read every row as a decode of its own length, with chunks that end at
@@ -49,6 +50,7 @@ class StepGraphs:
         device = cache.device
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
         self.positions = torch.zeros(rows, dtype=torch.long, device=device)
+        self.valid = torch.zeros(rows, dtype=torch.bool, device=device)  # mixed steps: the step's rows, not padding
         self.meta = cache.decode_buffers(rows, max_len, cache.num_tiles(self.max_tokens, max_batch) if self.max_tokens else 0)
         # routed-token counters add one per (token, expert) pair: zeros for a graph's padding rows
         self.routed_ones = next((m.routed_ones for m in model.modules()
@@ -81,6 +83,9 @@ class StepGraphs:
             # padding rows write into the cache's scratch block (windowed formats: its scratch window slot)
             place = (self.cache.scratch_block, self.cache.scratch_slot)
             key, pad, num_tiles = ("mixed", size), (size - T, *place), self.cache.num_tiles(size, self.max_batch)
+            self.valid[:T].fill_(True)
+            self.valid[T:size].fill_(False)
+            batch.valid_rows = self.valid[:size]  # padding rows route to no expert of their own (MoE.forward)
         self.cache.wait_compressed()  # the side stream's compression: waited for outside the graph
         batch.decode_meta = self.cache.build_decode_meta(batch, self.meta, pad, num_tiles)
         self.tokens[:T].copy_(torch.tensor(tokens), non_blocking=True)

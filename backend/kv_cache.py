@@ -50,6 +50,8 @@ class AttentionBatch:
     # tensors of a step whose query rows attend all at once (a decode step, or any step of a CUDA graph),
     # built once for all layers (`build_decode_meta`)
     decode_meta: dict | None = None
+    # a CUDA graph's rows [T'] (backend/cuda_graphs.py): True for the step's tokens, False for padding
+    valid_rows: torch.Tensor | None = None
 
 
 class BlockAllocator:

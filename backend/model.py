@@ -161,6 +161,7 @@ class MoE(nn.Module):
         self.seeded_routes = None  # [buckets, top_k] experts per bucket: seeded routing (`seed_routing`)
         self.predicted_routes = None  # [buckets, top_k] what a prefetcher names per bucket (`prefetch_logits`)
         self.route_keys = None     # [T] each token's bucket, set by the forward when routing is seeded
+        self.valid_rows = None     # [T] bool: a graph's padding rows are False (set by the forward)
         self.routed_tokens = None  # [E] float64: tokens routed to each expert, when the engine counts them
         self.routed_ones = None    # ones to add, as many as a step's (token, expert) pairs (shared by layers)
 
@@ -184,6 +185,9 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
+        if self.valid_rows is not None:  # padding rows take the first row's experts at weight 0: no expert of their own
+            ids = torch.where(self.valid_rows[:, None], ids, ids[:1])
+            weights = weights * self.valid_rows[:, None]
         if self.routed_tokens is not None:  # one kernel on the device, no sync: captured in decode graphs too
             self.routed_tokens.index_add_(0, ids.flatten(), self.routed_ones[: ids.numel()])
         if self.experts is not None:
@@ -338,12 +342,13 @@ class Transformer(nn.Module):
         """tokens, positions: [T]. Returns final hidden states [T, hidden]."""
         x = self.embed_tokens(tokens)
         rope = self.rotary.at(positions, x.dtype)
+        keys = None
         if self.seeded_routing:  # on the device, from the step's own buffers: captured in CUDA graphs too
             rows = torch.arange(tokens.shape[0], device=tokens.device)
             keys = (positions * self.route_stride + rows * 104729) % self.seeded_routing
-            for layer in self.layers:
-                if isinstance(layer.mlp, MoE):
-                    layer.mlp.route_keys = keys
+        for layer in self.layers:
+            if isinstance(layer.mlp, MoE):
+                layer.mlp.route_keys, layer.mlp.valid_rows = keys, getattr(batch, "valid_rows", None)
         residual = None
         for layer in self.layers:
             x, residual = layer(x, residual, rope, kv_cache, batch)

@@ -180,3 +180,23 @@ def test_local_routing_is_predicted_at_the_measured_recall(tmp_path):
     while engine.has_unfinished():
         engine.step()
     assert abs(engine.stats()["expert_prefetch_recall"] - PREGATING_RECALL) < 0.06
+
+
+def test_graph_padding_rows_stream_no_experts(tmp_path):
+    """A mixed-step graph pads its rows to the bucket (backend/cuda_graphs.py); the padding takes the first row's
+    experts at weight 0, so the layer asks the cache for the step's own experts only and its rows are unchanged."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_MOE))
+    engine = LLMEngine(EngineArgs(model=str(tmp_path), load_format="dummy", tokenizer="none", device=DEVICE,
+                                  dtype="float32", enforce_eager=True, expert_decisions="device",
+                                  expert_budget_bytes=4 * expert_nbytes(128, 64, torch.float32) * 3))
+    moe = engine.model.layers[0].mlp
+    asked = []
+    run = moe.experts.run
+    moe.experts.run = lambda x, weights, ids: asked.append(set(ids.flatten().tolist())) or run(x, weights, ids)
+    x = torch.randn(16, 128, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    own = moe(x[:5])
+    moe.valid_rows = torch.arange(16, device=DEVICE) < 5
+    padded = moe(x)
+    moe.valid_rows = None
+    assert asked[1] == asked[0] and len(asked[0]) < 8  # no expert beyond the step's own
+    torch.testing.assert_close(padded[:5], own)
