@@ -2,25 +2,24 @@
 
 `backend/experts.py`'s `ExpertCache` decides on the host: one host synchronisation per MoE layer to
 learn the routed experts, then `cudaMemcpyAsync` per missing expert. A graph can hold neither. Here
-every decision is a tensor operation on the device, with shapes fixed by the step's token count:
+every decision is taken on the device, with shapes fixed by the step's token count:
 
 - bookkeeping per MoE layer li (rows of device tensors): `slot_of[li, e]` the slot holding expert e or
   -1, `holder[li, j]` the expert in slot j (E: empty), `stamp[li, j]` the step that last used slot j
-  (LRU), `uses[li, e]` how often expert e was routed (LFU). An extra last column takes the writes of
-  masked-out rows, so every update is one fixed-shape scatter.
+  (LRU), `uses[li, e]` how often expert e was routed (LFU), and prefetch flags.
 - a layer's routed experts (the union of its tokens' top-k) are placed in passes of at most S (the
-  layer's slots): hits first; each missing expert takes the least recently (or frequently) used slot
-  that this pass does not use, and `kernels/expert_copy.py` copies it from pinned host memory (it
-  reads host memory itself: the rows are known only on the device). The fused MoE kernel then runs
-  over the pass's slots; a later pass may evict an earlier pass's experts, whose kernels the stream
-  has already ordered before the copy.
-- prefetch by pre-gating: while layer li runs, layer li+1's router applied to li's input predicts
-  its experts, and they are placed on a side stream that the step forks and layer li+1 joins (a
+  layer's slots), resident ones first, by one Triton program per pass (kernels/expert_slots.py): each
+  missing expert takes the least recently (or frequently) used slot that the pass does not use, and
+  kernels/expert_copy.py copies it from pinned host memory (it reads host memory itself: the rows are
+  known only on the device). The fused MoE kernel then runs over the pass's slots; a later pass may
+  evict an earlier pass's experts, whose kernels the stream has already ordered before the copy.
+- prefetch by pre-gating: after layer li's first placement, layer li+1's router applied to li's input
+  names its experts, and they are placed on a side stream that the step forks and layer li+1 joins (a
   graph captures the fork and the join). Layer li+1's slots are not read until then.
 - counters stay on the device (no synchronisation); `stats()` reads them.
 
-On the CPU the same tensor code runs with PyTorch references standing in for the kernels (the copy
-and the MoE pass), synchronously: the tests check the whole bookkeeping there.
+On the CPU the PyTorch references of the three kernels (placement, copy, MoE pass) run the same steps
+synchronously: the tests check the whole bookkeeping there.
 """
 from __future__ import annotations
 
@@ -29,10 +28,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from backend.experts import ExpertStore, _LayerExperts, cache_setup
-
-# device counters: one int64 each
-COUNTERS = ("tokens", "hits", "misses", "prefetch_copies", "prefetch_useful", "predicted", "predicted_used",
-            "used_with_prediction")
+from kernels.expert_copy import copy_rows, copy_rows_ref
+from kernels.expert_slots import COUNTERS, place_experts, place_experts_ref
 
 
 class DeviceExpertCache:
@@ -62,9 +59,15 @@ class DeviceExpertCache:
         self.uses = torch.zeros(L, E + 1, dtype=torch.int64, device=dev)
         self.fresh = torch.zeros(L, S + 1, dtype=torch.bool, device=dev)  # prefetched, not used since
         self.predicted_mask = torch.zeros(L, E + 1, dtype=torch.bool, device=dev)
+        self.order = torch.zeros(E, dtype=torch.int64, device=dev)  # a layer's order of passes (scratch)
         self.clock = torch.zeros((), dtype=torch.int64, device=dev)
-        self.counts = torch.zeros(len(COUNTERS), dtype=torch.int64, device=dev)  # the compute stream's
-        self.prefetch_counts = torch.zeros(len(COUNTERS), dtype=torch.int64, device=dev)  # the side stream's
+        self.expert_ids = torch.arange(E, device=dev)  # the copies' source rows
+        # per stream: counters and the placement's outputs (slot map, copy destinations, which to copy)
+        self.counts = torch.zeros(len(COUNTERS), dtype=torch.int64, device=dev)
+        self.prefetch_counts = torch.zeros(len(COUNTERS), dtype=torch.int64, device=dev)
+        self.run_out, self.prefetch_out = (
+            (torch.zeros(E, dtype=torch.int32, device=dev), torch.zeros(E, dtype=torch.int64, device=dev),
+             torch.zeros(E, dtype=torch.bool, device=dev)) for _ in range(2))
         self.copy_stream = torch.cuda.Stream(dev) if self.cuda else None
         self.joins: list = [None] * L  # per layer: the event of a prefetch issued for it in this forward
         self.predicted: list[bool] = [False] * L  # per layer: a prediction was made for it in this forward
@@ -77,114 +80,57 @@ class DeviceExpertCache:
         return self.w13.nbytes + self.w2.nbytes
 
     # ---- placement ----------------------------------------------------------------------
-    def _place(self, li: int, want: torch.Tensor, valid: torch.Tensor, prefetch: bool) -> torch.Tensor:
-        """Slots (global pool rows) holding the `valid` experts of `want [n]` (n <= S, distinct where
-        valid) of layer li, copying in the missing ones; slots of invalid rows are meaningless."""
-        E, S = self.num_experts, self.slots_per_layer
-        base = li * S
-        want = torch.where(valid, want, E)
-        slot_of, holder, stamp = self.slot_of[li], self.holder[li], self.stamp[li]
-        current = slot_of[want]
-        hit = valid & (current >= 0)
-        need = valid & (current < 0)
-        # victims: the slots this pass does not use, empty first, then least recently (frequently) used
-        keep = torch.zeros(S + 1, dtype=torch.bool, device=want.device)
-        keep[torch.where(hit, current - base, S)] = True
-        age = stamp[:S] if self.policy == "lru" else self.uses[li][holder[:S]] * (1 << 32) + stamp[:S]
-        age = torch.where(holder[:S] == E, -1, age)
-        victims = torch.sort(torch.where(keep[:S], torch.iinfo(torch.int64).max, age)).indices
-        rank = (torch.cumsum(need, 0) - 1).clamp(min=0)
-        target = torch.where(need, victims[rank], S)  # local slot of each missing expert, S: none
-        evicted = torch.where(need, holder[target], E)
-        slot_of[evicted] = -1
-        slot_of[want] = torch.where(need, base + target, current)  # (hits rewrite their own slot)
-        holder[target] = torch.where(need, want, E)
-        local = torch.where(need, target, torch.where(hit, current - base, S))
-        stamp[local] = self.clock
-        self.fresh[li][target] = prefetch
+    def _place(self, li: int, ids: torch.Tensor, pass_index: int, prefetch: bool):
+        """Place the experts of `ids` (this pass's share of them) in layer li's slots (kernels/expert_slots.py)
+        and copy in the missing ones; a run's `slot_map` then maps the pass's experts to their slots."""
+        out = self.prefetch_out if prefetch else self.run_out
+        place = place_experts if self.kernel == "triton" else place_experts_ref
+        place(ids.reshape(-1), self.slot_of[li], self.holder[li], self.stamp[li], self.uses[li], self.fresh[li],
+              self.predicted_mask[li], self.order, self.clock, self.prefetch_counts if prefetch else self.counts,
+              *out, base=li * self.slots_per_layer, pass_index=pass_index, prefetch=prefetch,
+              lfu=self.policy == "lfu", first_layer=li == 0 and not prefetch,
+              score=self.predicted[li] and pass_index == 0 and not prefetch)
+        copy = copy_rows if self.kernel == "triton" else copy_rows_ref
         layer = self.store.layers[li]
-        rows = base + target
-        self._copy(self.store.w13[layer], self.w13, want, rows, need)
-        self._copy(self.store.w2[layer], self.w2, want, rows, need)
-        counts = self.prefetch_counts if prefetch else self.counts
-        if prefetch:
-            counts[COUNTERS.index("prefetch_copies")] += need.sum()
-        else:
-            counts[COUNTERS.index("hits")] += hit.sum()
-            counts[COUNTERS.index("misses")] += need.sum()
-            counts[COUNTERS.index("prefetch_useful")] += self.fresh[li][local].logical_and(hit).sum()
-            self.fresh[li][local] = False
-        self.fresh[li][S] = False
-        holder[S] = E
-        return base + local.clamp(max=S - 1)
-
-    def _copy(self, src, dst, src_rows, dst_rows, valid):
-        if self.kernel == "triton":
-            from kernels.expert_copy import copy_rows
-            copy_rows(src, dst, src_rows, dst_rows, valid)
-        else:
-            from kernels.expert_copy import copy_rows_ref
-            copy_rows_ref(src, dst, src_rows, dst_rows, valid)
+        _, copy_dst, copy_valid = out
+        copy(self.store.w13[layer], self.w13, self.expert_ids, copy_dst, copy_valid)
+        copy(self.store.w2[layer], self.w2, self.expert_ids, copy_dst, copy_valid)
 
     # ---- prediction ---------------------------------------------------------------------
     def _prefetch(self, li: int, x: torch.Tensor):
-        """Pre-gating: place layer li's likely experts (routed by its router from `x`), on the side stream."""
-        E, S = self.num_experts, self.slots_per_layer
-        probs = F.softmax(self.routers[self.store.layers[li]](x), dim=-1, dtype=torch.float32)
-        w, ids = torch.topk(probs, self.top_k, dim=-1)
-        mass = torch.zeros(E, dtype=torch.float32, device=x.device).index_add_(0, ids.reshape(-1), w.reshape(-1))
-        top = torch.topk(mass, min(S, ids.numel(), E))
-        valid = top.values > 0
-        self.predicted_mask[li].zero_()
-        self.predicted_mask[li][torch.where(valid, top.indices, E)] = True
+        """Pre-gating: place layer li's likely experts (its router's top k for `x`), on the side stream."""
+        ids = torch.topk(self.routers[self.store.layers[li]](x), self.top_k, dim=-1).indices
         self.predicted[li] = True
         if not self.cuda:
-            self._place(li, top.indices, valid, prefetch=True)
+            self._place(li, ids, 0, prefetch=True)
             return
-        main = torch.cuda.current_stream(self.device)
-        self.copy_stream.wait_stream(main)
-        for t in (top.indices, valid):
-            t.record_stream(self.copy_stream)
+        self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+        ids.record_stream(self.copy_stream)
         with torch.cuda.stream(self.copy_stream):
-            self._place(li, top.indices, valid, prefetch=True)
+            self._place(li, ids, 0, prefetch=True)
             self.joins[li] = torch.cuda.Event()
             self.joins[li].record(self.copy_stream)
 
     # ---- compute ------------------------------------------------------------------------
     @torch.no_grad()
     def run(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """The routed experts' output [T, H] of MoE layer `layer` for x [T, H], weights/ids [T, k]."""
+        """The routed experts' output [T, H] of MoE layer `layer` for x [T, H], weights/ids [T, k]: passes of at
+        most S experts (the union has at most min(T * k, E)), the next layer's prefetch forked after the first."""
         li = self.index[layer]
         T, k = ids.shape
-        E, S = self.num_experts, self.slots_per_layer
         if li == 0:
-            self.clock += 1
             self.counts[COUNTERS.index("tokens")] += T
         if self.joins[li] is not None:  # this layer's prefetch, forked while the previous layer ran
             torch.cuda.current_stream(self.device).wait_event(self.joins[li])
             self.joins[li] = None
-        flat = ids.reshape(-1)
-        used = torch.zeros(E, dtype=torch.bool, device=x.device).index_fill_(0, flat, True)
-        self.uses[li, :E] += used
-        if self.predicted[li]:
-            self.predicted[li] = False
-            pred = self.predicted_mask[li, :E]
-            for name, v in (("predicted", pred), ("predicted_used", pred & used), ("used_with_prediction", used)):
-                self.counts[COUNTERS.index(name)] += v.sum()
-        if li + 1 < self.num_layers and self.prefetch_depth:
-            self._prefetch(li + 1, x)
-        # passes of at most S experts, hits first: the union has at most min(T * k, E) experts
-        resident = self.slot_of[li, :E] >= 0
-        order = torch.sort((~used).to(torch.int8) * 2 + (~resident).to(torch.int8), stable=True).indices
-        union = min(T * k, E)
         pairs = torch.empty(T * k, x.shape[1], dtype=x.dtype, device=x.device)  # every pair's expert is in a pass
-        for p in range(0, union, S):
-            want = order[p:min(p + S, union)]
-            valid = used[want]
-            slots = self._place(li, want, valid, prefetch=False)
-            slot_map = torch.full((E + 1,), -1, dtype=torch.int32, device=x.device)
-            slot_map[torch.where(valid, want, E)] = torch.where(valid, slots, -1).to(torch.int32)
-            self._pass(x, weights, ids, slot_map[:E], pairs)
+        for p in range(-(-min(T * k, self.num_experts) // self.slots_per_layer)):
+            self._place(li, ids, p, prefetch=False)
+            if p == 0:
+                self.predicted[li] = False
+                if li + 1 < self.num_layers and self.prefetch_depth:
+                    self._prefetch(li + 1, x)
+            self._pass(x, weights, ids, self.run_out[0], pairs)
         return pairs.view(T, k, -1).sum(1, dtype=torch.float32).to(x.dtype)
 
     def _pass(self, x, weights, ids, slot_map, pairs):
