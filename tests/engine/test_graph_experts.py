@@ -64,7 +64,8 @@ def test_copy_kernel_moves_only_the_valid_rows():
     src_rows, dst_rows = torch.tensor([5, 0, 2, 3]), torch.tensor([1, 3, 0, 2])
     valid = torch.tensor([True, False, True, True])
     host = src.pin_memory() if DEVICE == "cuda" else src  # on CUDA the kernel reads pinned host memory
-    copy_rows(host, dst := dst.to(DEVICE), src_rows.to(DEVICE), dst_rows.to(DEVICE), valid.to(DEVICE), block=4)
+    copy_rows(host, dst := dst.to(DEVICE), src_rows.to(DEVICE), dst_rows.to(DEVICE), valid.to(DEVICE),
+              block=4, programs=2)  # two programs share each row's four chunks
     copy_rows_ref(src, expected, src_rows, dst_rows, valid)
     assert torch.equal(dst.cpu(), expected) and expected[3].abs().sum() == 0 and torch.equal(expected[1], src[5])
 
