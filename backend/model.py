@@ -331,7 +331,8 @@ class Transformer(nn.Module):
                 routes = local_routes(E, m.top_k, buckets, *locality, seed=seed * 1009 + i)
             m.seeded_routes = routes.to(self.embed_tokens.weight.device)
             if pregating_recall is not None:
-                m.predicted_routes = blur_routes(routes, E, pregating_recall, seed * 1009 + i + 1).to(m.seeded_routes.device)
+                blurred = blur_routes(routes, E, pregating_recall, seed * 1009 + i + 1)
+                m.predicted_routes = blurred.to(m.seeded_routes.device)
         self.seeded_routing = buckets
         self.route_stride = 7919 if locality is None else 1  # position -> bucket: scattered, or consecutive
 

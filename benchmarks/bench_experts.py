@@ -150,7 +150,8 @@ class MoESlice(nn.Module):
             E = moe.gate.out_features
             routes = local_routes(E, moe.top_k, 4096, *LOCALITY, seed=seed * 1009 + i)
             moe.seeded_routes = routes.to(moe.gate.weight.device)
-            moe.predicted_routes = blur_routes(routes, E, PREGATING_RECALL, seed * 1009 + i + 1).to(moe.gate.weight.device)
+            blurred = blur_routes(routes, E, PREGATING_RECALL, seed * 1009 + i + 1)
+            moe.predicted_routes = blurred.to(moe.gate.weight.device)
             moe.route_keys = self.keys = torch.arange(batch, device=moe.gate.weight.device) * 104729 % 4096
 
     def route_by_router(self):
@@ -245,8 +246,8 @@ def bench_graph_row(model: MoESlice, store: ExpertStore, cfg: ModelConfig, fract
             moe.w13, moe.w2 = store.w13[li].to(device), store.w2[li].to(device)
     else:
         budget = max(1, round(fraction * E)) * store.expert_bytes * L
-        cache = DeviceExpertCache(store, {i: m.prefetch_logits for i, m in enumerate(model.moes)}, cfg.num_experts_per_tok,
-                                  budget, device)
+        routers = {i: m.prefetch_logits for i, m in enumerate(model.moes)}
+        cache = DeviceExpertCache(store, routers, cfg.num_experts_per_tok, budget, device)
         for i, moe in enumerate(model.moes):
             moe.experts = cache.layer(i)
     g = torch.Generator(device=device).manual_seed(1234)
@@ -294,7 +295,8 @@ def bench_graph_row(model: MoESlice, store: ExpertStore, cfg: ModelConfig, fract
            "layer_ms": step_t / L * 1e3, "model_step_ms": step_t / L * cfg.num_layers * 1e3,
            "vs_resident": step_t / ref_step if ref_step else None,
            "exact_vs_resident": bool(torch.equal(result, ref_out)) if ref_out is not None else None,
-           "max_diff_vs_resident": (result.float() - ref_out.float()).abs().max().item() if ref_out is not None else None}
+           "max_diff_vs_resident": ((result.float() - ref_out.float()).abs().max().item()
+                                    if ref_out is not None else None)}
     if cache is not None:
         st = cache.stats()
         per_step = st["expert_bytes_streamed"] / steps
