@@ -145,8 +145,8 @@ def place_experts(ids, slot_of, holder, stamp, uses, fresh, predicted, order, cl
         N, E, S, base, pass_index,
         PREFETCH=prefetch, LFU=lfu, FIRST_LAYER=first_layer, SCORE=score,
         BLOCK_E=triton.next_power_of_2(E), BLOCK_S=triton.next_power_of_2(S),
-        BLOCK_N=min(triton.next_power_of_2(max(N, 1)), max(16, 8192 // triton.next_power_of_2(E))),
-        num_warps=4)
+        BLOCK_N=max(16, min(triton.next_power_of_2(N), 8192 // triton.next_power_of_2(E))),
+        num_warps=8 if E >= 64 else 4)
 
 
 def place_experts_ref(ids, slot_of, holder, stamp, uses, fresh, predicted, order, clock, counts, slot_map, copy_dst,
