@@ -31,7 +31,8 @@ EXPERT_GAUGES = {
     "expert_prefetch_recall": "Share of used experts that had been prefetched",
     "expert_bytes_streamed": "Expert bytes copied host to device since start",
     "expert_bytes_per_token": "Expert bytes copied host to device per token",
-    "expert_stall_s_per_token": "Seconds per token the compute stream waited for expert copies",
+    "expert_stall_s_per_token": ("Seconds per token the compute stream waited for expert copies (when the host "
+                                 "decides them; 0 when the device does, inside the step)"),
 }
 
 
@@ -77,7 +78,7 @@ class TritonMetrics:
         self.kv_compression = metric(
             "alrkvd:kv_cache_compression_ratio", "KV bytes per token of fp16 over those of the cache format",
             F.GAUGE)
-        # Expert streaming (backend/experts.py); they stay at 0 where every expert is resident.
+        # Expert streaming (backend/experts.py, graph_experts.py); they stay at 0 where every expert is resident.
         self.experts = {key: metric(f"alrkvd:{key}", description, F.GAUGE)
                         for key, description in EXPERT_GAUGES.items()}
         # Routing (MoE models): per MoE layer, the busiest expert's tokens over the mean since start (1 = even).
