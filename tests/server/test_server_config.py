@@ -114,3 +114,19 @@ def test_variant_repository_changes_only_the_named_parameters(tmp_path):
     assert (repo / "smollm2" / "1").resolve() == (REPO / "smollm2" / "1").resolve()
     with pytest.raises(ValueError, match="no parameter 'max_queue'"):
         variant_repository(tmp_path / "other", "smollm2", {"max_queue": "2"})
+
+
+def test_dummy_repository_streams_experts_on_request(tmp_path, monkeypatch):
+    """server/dummy_repository.py (the H200's load-test models): `--expert-fraction` gives the engine an expert
+    budget of that share of the shape's routed-expert bytes, which the config parser hands to EngineArgs."""
+    from backend.engine import EngineArgs
+    from server import dummy_repository
+
+    monkeypatch.setattr("sys.argv", ["dummy_repository", "--out", str(tmp_path), "--name", "q", "--moe-routing",
+                                     "local", "--expert-fraction", "0.5"])
+    dummy_repository.main()
+    params = parameters(tmp_path / "q" / "config.pbtxt")
+    args = _load("engine_config").engine_args_from_config({"parameters": params}, str(tmp_path / "q"), EngineArgs)
+    expected = dummy_repository.routed_expert_bytes(dummy_repository.SHAPES["qwen3-30b-a3b"]) // 2
+    assert args.expert_budget_bytes == expected and 28e9 < expected < 30e9
+    assert args.moe_routing == "local" and not args.enforce_eager
