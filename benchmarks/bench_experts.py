@@ -232,9 +232,11 @@ def bench_row(model: MoESlice, store: ExpertStore, cfg: ModelConfig, fraction: f
 
 @torch.inference_mode()
 def bench_graph_row(model: MoESlice, store: ExpertStore, cfg: ModelConfig, fraction: float, batch: int,
-                    routing: str, steps: int, warmup: int, device: str, link_bps: float, reference: dict) -> dict:
+                    routing: str, decisions: str, steps: int, warmup: int, device: str, link_bps: float,
+                    reference: dict) -> dict:
     """One row of `--graphs`: the slice's step replayed as a CUDA graph (on the CPU: the same static
-    buffers run eagerly), all experts resident (fraction 1) or streamed by a `DeviceExpertCache`."""
+    buffers run eagerly), all experts resident (fraction 1) or streamed by a `DeviceExpertCache`; with
+    `decisions` "host", streamed by the host-decided `ExpertCache` in eager steps (the former path)."""
     L, E = len(store.layers), cfg.num_experts
     if routing == "local":
         model.route_locally(batch, seed=2)
@@ -247,7 +249,8 @@ def bench_graph_row(model: MoESlice, store: ExpertStore, cfg: ModelConfig, fract
     else:
         budget = max(1, round(fraction * E)) * store.expert_bytes * L
         routers = {i: m.prefetch_logits for i, m in enumerate(model.moes)}
-        cache = DeviceExpertCache(store, routers, cfg.num_experts_per_tok, budget, device)
+        kind = DeviceExpertCache if decisions == "device" else ExpertCache
+        cache = kind(store, routers, cfg.num_experts_per_tok, budget, device)
         for i, moe in enumerate(model.moes):
             moe.experts = cache.layer(i)
     g = torch.Generator(device=device).manual_seed(1234)
@@ -255,7 +258,7 @@ def bench_graph_row(model: MoESlice, store: ExpertStore, cfg: ModelConfig, fract
               for _ in range(warmup + steps)]
     static_x = inputs[0].clone()
     graph = None
-    if device == "cuda":
+    if device == "cuda" and decisions == "device":
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # compile the kernels outside the capture
@@ -289,7 +292,7 @@ def bench_graph_row(model: MoESlice, store: ExpertStore, cfg: ModelConfig, fract
     if cache is None:
         reference[key] = (result.clone(), step_t)
     ref_out, ref_step = reference.get(key, (None, None))
-    row = {"budget": fraction, "batch": batch, "routing": routing, "graph": graph is not None,
+    row = {"budget": fraction, "batch": batch, "routing": routing, "decisions": decisions, "graph": graph is not None,
            "slots_per_layer": cache.slots_per_layer if cache else E,
            "step_ms": step_t * 1e3, "step_ms_p90": sorted(step_s)[int(0.9 * (len(step_s) - 1))] * 1e3,
            "layer_ms": step_t / L * 1e3, "model_step_ms": step_t / L * cfg.num_layers * 1e3,
@@ -323,7 +326,8 @@ ROW_COLUMNS = [("budget", ".2f"), ("batch", ""), ("prefetch", ""), ("policy", ""
                ("hit_rate", ".2f"), ("prefetch_precision", ".2f"), ("prefetch_recall", ".2f"),
                ("MB_per_token", ".1f"), ("stall_ms_per_step", ".2f"), ("copy_GBps", ".1f"), ("link_util", ".2f"),
                ("link_busy", ".2f"), ("floor_ms", ".2f"), ("vs_floor", ".2f"), ("exact_vs_resident", "")]
-GRAPH_COLUMNS = [("budget", ".2f"), ("batch", ""), ("routing", ""), ("graph", ""), ("slots_per_layer", ""),
+GRAPH_COLUMNS = [("budget", ".2f"), ("batch", ""), ("routing", ""), ("decisions", ""), ("graph", ""),
+                 ("slots_per_layer", ""),
                  ("step_ms", ".2f"), ("model_step_ms", ".1f"), ("vs_resident", ".2f"), ("hit_rate", ".2f"),
                  ("prefetch_precision", ".2f"), ("prefetch_recall", ".2f"), ("experts_per_step", ".1f"),
                  ("MB_per_step", ".1f"), ("floor_ms", ".2f"), ("vs_floor", ".2f"), ("link_share", ".2f"),
@@ -354,7 +358,8 @@ def run_model(name, hf, num_layers, args, device, link_bps) -> dict:
           f"{store.nbytes / 1e9:.1f} GB pinned, built in {build_s:.1f} s", flush=True)
     fractions = sorted(set(args.budgets) | {1.0}, reverse=True)  # the resident reference first
     if args.graphs:
-        grid = [(f, b, routing) for b in args.batches for routing in ("local", "uniform") for f in fractions]
+        grid = [(f, b, routing, "device") for b in args.batches for routing in ("local", "uniform") for f in fractions]
+        grid += [(0.5, b, routing, "host") for b in args.batches for routing in ("local", "uniform")]
     else:
         grid = [(f, b, 1, "lru") for b in args.batches for f in fractions]
         grid += [(0.5, 1, 0, "lru"), (0.5, 1, 2, "lru"), (0.5, 1, 1, "lfu")]  # prefetch off / deeper, LFU
@@ -367,7 +372,8 @@ def run_model(name, hf, num_layers, args, device, link_bps) -> dict:
                 row = bench_row(model, store, cfg, *point, args.steps, args.warmup, device, link_bps, reference)
         except Exception as e:  # a failing row is printed and skipped
             traceback.print_exc()
-            names = ("budget", "batch", "routing") if args.graphs else ("budget", "batch", "prefetch", "policy")
+            names = (("budget", "batch", "routing", "decisions") if args.graphs
+                     else ("budget", "batch", "prefetch", "policy"))
             row = {**dict(zip(names, point)), "error": f"{type(e).__name__}: {e}"}
         rows.append(row)
         print(json.dumps(row), flush=True)
