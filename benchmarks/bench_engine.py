@@ -191,7 +191,9 @@ def weight_bytes(cfg: dict, elt: int = 2) -> int:
     return sum(p.numel() for p in model.parameters()) * elt
 
 
-ROUTING = {"moe_routing": "seeded"}  # --routing: every arm runs the same experts (Transformer.seed_routing)
+# engine options from the command line: --routing (seeded: every arm runs the same experts, Transformer.seed_routing)
+# and the expert cache's
+ROUTING = {"moe_routing": "seeded"}
 
 
 def dummy_engine(name: str, kv_format: str, **args) -> LLMEngine:
@@ -440,9 +442,11 @@ def main():
     ap.add_argument("--routing", default="seeded", choices=["seeded", "local", "learned"],
                     help="MoE routing of the dummy models: seeded (the same experts in every arm), local (the same, "
                          "with a trained router's load skew and reuse: expert-cache benchmarks) or learned")
+    ap.add_argument("--expert-prefetch", type=int, default=1, help="streamed experts: MoE layers predicted ahead")
+    ap.add_argument("--expert-policy", default="lru", choices=["lru", "lfu"])
     ap.add_argument("--out")
     args = ap.parse_args()
-    ROUTING["moe_routing"] = args.routing
+    ROUTING.update(moe_routing=args.routing, expert_prefetch=args.expert_prefetch, expert_policy=args.expert_policy)
     result = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "moe_routing": args.routing}
     if args.cpu:
         result["cpu"] = bench_cpu(args.max_tokens, args.rounds)

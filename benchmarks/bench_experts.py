@@ -146,13 +146,14 @@ class MoESlice(nn.Module):
         """Seeded routing tables with a trained router's locality (`local_routes`) and predictability from the
         previous layer (`blur_routes`); `self.keys` [batch] holds each row's bucket, advanced by one per step
         (`next_keys`)."""
+        device = self.moes[0].gate.weight.device
+        self.keys = torch.arange(batch, device=device) * 104729 % 4096  # one tensor: every layer's keys advance
         for i, moe in enumerate(self.moes):
             E = moe.gate.out_features
             routes = local_routes(E, moe.top_k, 4096, *LOCALITY, seed=seed * 1009 + i)
-            moe.seeded_routes = routes.to(moe.gate.weight.device)
-            blurred = blur_routes(routes, E, PREGATING_RECALL, seed * 1009 + i + 1)
-            moe.predicted_routes = blurred.to(moe.gate.weight.device)
-            moe.route_keys = self.keys = torch.arange(batch, device=moe.gate.weight.device) * 104729 % 4096
+            moe.seeded_routes = routes.to(device)
+            moe.predicted_routes = blur_routes(routes, E, PREGATING_RECALL, seed * 1009 + i + 1).to(device)
+            moe.route_keys = self.keys
 
     def route_by_router(self):
         for moe in self.moes:

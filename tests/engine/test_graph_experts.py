@@ -32,9 +32,9 @@ def make_cache(slots, kernel="torch", policy="lru", prefetch=True, seed=0) -> De
     pin = (lambda t: t.pin_memory()) if DEVICE == "cuda" else (lambda t: t)  # the copy kernel reads host memory
     store = ExpertStore({l: pin(torch.randn(E, 2 * I, H, generator=g)) for l in LAYERS},
                         {l: pin(torch.randn(E, H, I, generator=g)) for l in LAYERS})
-    routers = {l: nn.Linear(H, E, bias=False) for l in LAYERS}
+    routers = {l: nn.Linear(H, E, bias=False, device=DEVICE) for l in LAYERS}
     for r in routers.values():
-        r.weight.data = torch.randn(E, H, generator=g)
+        r.weight.data = torch.randn(E, H, generator=g).to(DEVICE)
     return DeviceExpertCache(store, routers, K, slots * store.expert_bytes * len(LAYERS), DEVICE, prefetch,
                              policy, kernel)
 
@@ -95,7 +95,7 @@ def test_lru_evicts_the_least_recently_used_and_lfu_the_least_used():
         cache = make_cache(3, policy=policy, prefetch=False)
         x = torch.randn(1, H)
         for pair in ([0, 1], [0, 2], [0, 1], [3, 4]):  # 0 used three times, 1 twice, 2 once; 1 then 2 least recent
-            cache.run(0, x, torch.full((1, K), 0.5), torch.tensor([pair]))
+            cache.run(0, x.to(DEVICE), torch.full((1, K), 0.5, device=DEVICE), torch.tensor([pair], device=DEVICE))
         return cache.resident_experts(0)
 
     # [3, 4] needs two slots: LRU keeps the most recent (0, from the third step: 0 and 1 tie, one of them goes);
@@ -108,8 +108,8 @@ def test_lru_evicts_the_least_recently_used_and_lfu_the_least_used():
 def test_prefetch_places_the_next_layers_predicted_experts():
     cache = make_cache(4)
     x = torch.randn(1, H)
-    cache.run(0, x, torch.full((1, K), 0.5), torch.tensor([[0, 1]]))
-    probs = cache.routers[1](x).softmax(-1)
+    cache.run(0, x.to(DEVICE), torch.full((1, K), 0.5, device=DEVICE), torch.tensor([[0, 1]], device=DEVICE))
+    probs = cache.routers[1](x.to(DEVICE)).softmax(-1).cpu()
     predicted = set(torch.topk(probs, K).indices[0].tolist())
     assert predicted <= set(cache.resident_experts(1))  # placed before layer 1 runs
     assert cache.stats()["expert_prefetch_copies"] == K
