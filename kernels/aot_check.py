@@ -18,7 +18,8 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels import alrkvd_attention, alrkvd_compress, kivi_attention, paged_attention, trellis_viterbi
+from kernels import (alrkvd_attention, alrkvd_compress, expert_copy, expert_slots, kivi_attention, paged_attention,
+                     trellis_viterbi)
 
 
 def _usage(compiled) -> str:
@@ -106,6 +107,17 @@ def main() -> None:
          dict(X="fp32", Sq="fp32", M2="fp32", Past="fp32", Choice="u8", Codes="i32"), set(),
          dict(N_STEPS=64, LOW=1 << (L - 3), HI=8), dict(num_warps=2 if L < 12 else 8))
         for L in (9, 12)
+    ] + [
+        (f"expert placement ({'prefetch' if pre else 'run'}, E=128, S=64)", expert_slots._place_kernel,
+         dict(Ids="i64", Slot_of="i64", Holder="i64", Stamp="i64", Uses="i64", Fresh="i1", Predicted="i1",
+              Order="i64", Clock="i64", Counts="i64", Slot_map="i32", Copy_dst="i64", Copy_valid="i1"), set(),
+         dict(PREFETCH=pre, LFU=False, FIRST_LAYER=not pre, SCORE=not pre, BLOCK_E=128, BLOCK_S=64, BLOCK_N=64),
+         dict(num_warps=8))
+        for pre in (False, True)
+    ] + [
+        ("expert copy from host (bf16, 8192 a chunk)", expert_copy._copy_rows_kernel,
+         dict(Src="bf16", Dst="bf16", Src_rows="i64", Dst_rows="i64", Valid="i1"), set(), dict(BLOCK=8192),
+         dict(num_warps=8)),
     ]
     del f32
     for name, fn, ptrs, floats, consts, opts in jobs:
