@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.tuning import num_sms
+
 
 @triton.jit
 def _copy_rows_kernel(
@@ -53,10 +55,7 @@ def copy_rows(src: torch.Tensor, dst: torch.Tensor, src_rows: torch.Tensor, dst_
     n, row_elems = src_rows.shape[0], src[0].numel()
     if n == 0:
         return
-    if programs is None:
-        sms = torch.cuda.get_device_properties(dst.device).multi_processor_count if dst.is_cuda else 1
-        programs = 4 * sms
-    programs = min(programs, triton.cdiv(row_elems, block))
+    programs = min(programs or 4 * num_sms(dst.device), triton.cdiv(row_elems, block))
     _copy_rows_kernel[(programs,)](src, dst, src_rows, dst_rows, valid, n, row_elems, BLOCK=block, num_warps=8)
 
 
