@@ -124,23 +124,33 @@ class DeviceExpertCache:
             torch.cuda.current_stream(self.device).wait_event(self.joins[li])
             self.joins[li] = None
         pairs = torch.empty(T * k, x.shape[1], dtype=x.dtype, device=x.device)  # every pair's expert is in a pass
+        scratch = self._pass_scratch(x, weights, ids)
         for p in range(-(-min(T * k, self.num_experts) // self.slots_per_layer)):
             self._place(li, ids, p, prefetch=False)
             if p == 0:
                 self.predicted[li] = False
                 if li + 1 < self.num_layers and self.prefetch_depth:
                     self._prefetch(li + 1, x)
-            self._pass(x, weights, ids, self.run_out[0], pairs)
+            self._pass(x, weights, ids, self.run_out[0], pairs, scratch)
         return pairs.view(T, k, -1).sum(1, dtype=torch.float32).to(x.dtype)
 
-    def _pass(self, x, weights, ids, slot_map, pairs):
+    def _pass_scratch(self, x, weights, ids):
+        """What every pass of a layer shares (the fused kernel's pairs sorted by expert, its activations), or None
+        for the PyTorch path."""
+        if self.kernel != "triton":
+            return None
+        from kernels.fused_moe import block_size_m, moe_align_block_size
+        T, k = ids.shape
+        align = moe_align_block_size(ids, block_size_m(T * k, self.num_experts), self.num_experts)
+        act = torch.empty(T * k, self.store.inter, dtype=x.dtype, device=x.device)
+        return weights.contiguous(), align, act
+
+    def _pass(self, x, weights, ids, slot_map, pairs, scratch):
         """pairs[p] = weight * expert(x[token]) for the pairs whose expert has a slot in `slot_map`."""
-        if self.kernel == "triton":
-            from kernels.fused_moe import block_size_m, fused_moe_pass, moe_align_block_size
-            T, k = ids.shape
-            align = moe_align_block_size(ids, block_size_m(T * k, self.num_experts), self.num_experts)
-            act = torch.empty(T * k, self.store.inter, dtype=x.dtype, device=x.device)
-            fused_moe_pass(x, self.w13, self.w2, weights.contiguous(), align, slot_map, act, pairs)
+        if scratch is not None:
+            from kernels.fused_moe import fused_moe_pass
+            weights, align, act = scratch
+            fused_moe_pass(x, self.w13, self.w2, weights, align, slot_map, act, pairs)
             return
         k, inter = ids.shape[1], self.store.inter
         flat, slots = ids.reshape(-1), slot_map.tolist()  # the CPU reference may synchronise
