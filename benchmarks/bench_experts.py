@@ -80,23 +80,28 @@ LINK_GBPS_REFERENCE = 55.3  # pinned host-to-device, measured on this H200 befor
 # ------------------------------------------------------------------------------------------------
 # Measurements
 # ------------------------------------------------------------------------------------------------
+def _median_seconds(fn, reps: int = 5) -> float:
+    """Median time of `fn()` on the current CUDA stream, timed with events, after one untimed call."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
 def h2d_bandwidth(device: str, nbytes: int = 1 << 30) -> float:
     """Pinned host-to-device copy, bytes per second (median of 5)."""
     if device != "cuda":
         return 0.0
     src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dst.copy_(src, non_blocking=True)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src, non_blocking=True)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return nbytes / statistics.median(times)
+    return nbytes / _median_seconds(lambda: dst.copy_(src, non_blocking=True))
 
 
 def copy_kernel_bandwidth(store: ExpertStore, device: str, experts: int = 32) -> dict:
@@ -113,17 +118,7 @@ def _copy_kernel_bandwidth(store: ExpertStore, device: str, experts: int, block:
     dst = torch.empty((n, *src.shape[1:]), dtype=src.dtype, device=device)
     rows = torch.arange(n, device=device)
     valid = torch.ones(n, dtype=torch.bool, device=device)
-    copy_rows(src, dst, rows, rows, valid, block)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        copy_rows(src, dst, rows, rows, valid, block)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return dst.nbytes / statistics.median(times)
+    return dst.nbytes / _median_seconds(lambda: copy_rows(src, dst, rows, rows, valid, block))
 
 
 class MoESlice(nn.Module):
