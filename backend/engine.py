@@ -82,7 +82,8 @@ class EngineArgs:
                                          # steps of the running batch (with max_step_ms too: the smaller)
     max_queue_size: int = 256          # waiting requests (beyond max_num_seqs running) before QueueFullError
     scheduling_policy: str = "fcfs"    # "fcfs" or "priority" (lower value first)
-    attention_backend: str = "auto"    # "auto": Triton decode kernels on CUDA; "torch": reference path
+    attention_backend: str = "auto"    # "auto": Triton decode kernels on CUDA; "torch": reference path; "triton":
+                                       # the kernels on any device (CPU: Triton's interpreter, tests)
     kv_compress_stream: bool = False   # CUDA: compress the blocks decode steps fill on a side stream (no
                                        # gain measured: the basis solve synchronises; BENCHMARKS.md 2b)
     enforce_eager: bool = False        # CUDA: no CUDA graphs (backend/cuda_graphs.py)

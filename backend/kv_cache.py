@@ -133,7 +133,13 @@ class PagedKVCache:
         # the decode kernels do not read the sink: with it, the PyTorch path
         self.kernels = None if self.sink_tokens else self.format.kernels(max(max_num_seqs, max_query_rows))
         self.kernel_layers = self.kernels.layers if self.kernels is not None else None
-        if str(device).startswith("cuda") and attention_backend != "torch":
+        # "triton": the kernels on any device (on the CPU under Triton's interpreter: tests of the CUDA path)
+        on_cuda = str(device).startswith("cuda")
+        self.use_triton = attention_backend == "triton" or (on_cuda and attention_backend != "torch")
+        # a step's new keys and values: one launch (kernels), or two indexed assignments
+        from kernels.paged_attention import store_kv, store_kv_ref
+        self.store_kv = store_kv if self.use_triton else store_kv_ref
+        if self.use_triton:
             if self.sink_tokens:
                 logger.warning("sink_tokens=%d: the decode kernels do not read the sink, so decode steps take "
                                "the PyTorch path", self.sink_tokens)
@@ -405,13 +411,14 @@ class PagedKVCache:
         if self.windowed:  # ALR-KVD or KIVI kernel: every new token into its window slot, then attend; the
             # blocks this step fills are read from the window and compressed at commit (all layers at once)
             self.wait_compressed()
-            slots, offsets = meta["window_index"]
-            self.window_k[layer, slots, offsets] = k_store
-            self.window_v[layer, slots, offsets] = v
+            self.store_kv(k_store, v, self.window_k[layer], self.window_v[layer], *meta["window_index"])
             rope = (self.rotary.cos, self.rotary.sin) if self.rope_on_read else ()  # keys kept before RoPE
             return self.decode_kernel(q, self.kernel_layers[layer], self.window_k[layer], self.window_v[layer],
                                       meta["tables"], meta["seq_lens"], meta["window_slots"], *rope, scale)
-        self.format.write(layer, meta["block_ids"], meta["offsets"], k_rot, v)
+        if self.use_triton and self.kernels is not None and self.kernels.stores_as_is:  # kept as they come
+            self.store_kv(k_rot, v, *self.kernel_layers[layer], meta["block_ids"], meta["offsets"])
+        else:
+            self.format.write(layer, meta["block_ids"], meta["offsets"], k_rot, v)
         if self.tiles_kernel is not None and "tile_starts" in meta:  # a step with prompt chunks: causal rows
             k_cache, v_cache = self.kernel_layers[layer]
             return self.tiles_kernel(q, k_cache, v_cache, meta["tables"], meta["seq_lens"], meta["tile_starts"],

@@ -17,6 +17,15 @@ import torch.nn.functional as F
 from backend.config import ModelConfig
 from kernels.moe_reference import grouped_experts, moe_route_ref
 
+# The fused Triton kernels (kernels/) take CUDA tensors; tests set this to run them on CPU tensors too, under
+# Triton's interpreter, and check the CUDA path's arithmetic without a GPU.
+KERNELS_ON_CPU = False
+
+
+def fused(x: torch.Tensor) -> bool:
+    """Whether x takes the fused-kernel path."""
+    return x.is_cuda or KERNELS_ON_CPU
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -25,15 +34,16 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and x.dim() == 2:  # one launch instead of four
+        if fused(x) and x.dim() == 2:  # one launch instead of four
             from kernels.norms import rms_norm
             return rms_norm(x, self.weight, self.eps)
         # in fp32, cast back before the weight, as HF does
         return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x + residual, the norm of that sum): a pre-norm block's residual stream."""
-        if x.is_cuda:
+        """(x + residual, the norm of that sum): a pre-norm block's residual stream. On CUDA x may be a MoE's
+        unreduced pairs [T, top_k, H], summed in the same launch."""
+        if fused(x):
             from kernels.norms import rms_norm
             return rms_norm(x, self.weight, self.eps, residual)
         x = x + residual
@@ -109,7 +119,7 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split(self.qkv_sizes, dim=-1)
         v = v.view(T, self.num_kv_heads, self.head_dim)
-        if qkv.is_cuda and self.qk_norm != "full":  # per-head norms and RoPE in one launch
+        if fused(qkv) and self.qk_norm != "full":  # per-head norms and RoPE in one launch
             from kernels.norms import qk_norm_rope
             norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else (None, None, 0.0)
             q, k, k_rot = qk_norm_rope(qkv, self.num_heads, self.num_kv_heads, self.head_dim, *norms, *rope)
@@ -169,7 +179,7 @@ class MoE(nn.Module):
         """(weights [T, top_k] in x's dtype, expert ids [T, top_k]). Seeded: the experts of the token's
         bucket, their weights from the router."""
         seeded = (self.seeded_routes, self.route_keys) if self.seeded_routes is not None else ()
-        if x.is_cuda:  # one launch instead of some six
+        if fused(x):  # one launch instead of some six
             from kernels.fused_moe import moe_route
             return moe_route(self.gate(x), self.top_k, self.norm_topk_prob, *seeded)
         return moe_route_ref(self.gate(x), self.top_k, self.norm_topk_prob, *seeded)
@@ -184,17 +194,22 @@ class MoE(nn.Module):
         return torch.zeros(x.shape[0], self.gate.out_features, device=x.device).scatter_(1, ids, 1.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, H]; on CUDA with resident experts and no shared expert, the unreduced pairs [T, top_k, H], which
+        the next RMSNorm sums (`RMSNorm.add_and_norm`): one launch fewer."""
         weights, ids = self.route(x)
         if self.valid_rows is not None:  # padding rows take the first row's experts at weight 0: no expert of their own
             ids = torch.where(self.valid_rows[:, None], ids, ids[:1])
             weights = weights * self.valid_rows[:, None]
-        if self.routed_tokens is not None:  # one kernel on the device, no sync: captured in decode graphs too
+        kernel = fused(x) and self.experts is None
+        if self.routed_tokens is not None and not kernel:  # on the device, no sync: captured in graphs too
             self.routed_tokens.index_add_(0, ids.flatten(), self.routed_ones[: ids.numel()])
         if self.experts is not None:
             out = self.experts.run(x, weights, ids)
-        elif x.is_cuda:
+        elif kernel:  # the routed-token counts are added by the kernel that sorts the pairs
             from kernels.fused_moe import fused_moe
-            out = fused_moe(x, self.w13, self.w2, weights, ids)
+            counts = None if self.routed_tokens is None else (self.routed_tokens, self.routed_ones)
+            out = fused_moe(x, self.w13, self.w2, weights, ids, expert_counts=counts,
+                            reduce=self.shared_expert is not None)
         else:
             gate, up = self.w13.chunk(2, dim=1)
             out = grouped_experts(x, weights, ids, self.gate.out_features, lambda e: (gate[e], up[e], self.w2[e]))

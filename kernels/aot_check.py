@@ -57,7 +57,7 @@ def main() -> None:
     target = GPUTarget("cuda", ap.parse_args().arch, 32)
     f16, f32 = tl.float16, tl.float32
     paged_ptrs = dict(Q="fp16", K_cache="fp16", V_cache="fp16", Block_tables="i32", Seq_lens="i32",
-                      Mid_o="fp32", Mid_lse="fp32")
+                      Mid_o="fp32", Mid_lse="fp32", Out="fp16", Tickets="i32")
     alr_ptrs = dict(Q="fp16", Block_tables="i32", Seq_lens="i32", Window_slots="i32", Window_k="fp16",
                     Window_v="fp16", Cos="fp32", Sin="fp32", Ranks="i16", Basis="i8", Basis_scale="fp16",
                     Latent="u8", Latent_scale="fp16", Latent_zero="fp16", K_resid="u8", K_rscale="fp16",
@@ -77,7 +77,8 @@ def main() -> None:
     jobs = [
         ("paged stage 1 (D=128, G=4, page 16)", paged_attention._paged_decode_stage1, paged_ptrs, {"qk_scale"},
          dict(GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, PAGE_SIZE=16,
-              BLOCK_N=paged_attention._DEFAULT_STAGE1["BLOCK_N"], DOT_DTYPE=f16, DOT_PRECISION="tf32"),
+              BLOCK_N=paged_attention._DEFAULT_STAGE1["BLOCK_N"], DOT_DTYPE=f16, DOT_PRECISION="tf32",
+              MERGE_CHUNK=paged_attention.merge_chunk(4, 128, paged_attention._DEFAULT_STAGE1["num_warps"])),
          {k: v for k, v in paged_attention._DEFAULT_STAGE1.items() if k != "BLOCK_N"}),
         ("decode reduce (D=128)", paged_attention._decode_reduce_stage2, dict(Mid_o="fp32", Mid_lse="fp32", Out="fp16"),
          set(), dict(BLOCK_P=16, HEAD_DIM=128, BLOCK_D=128), dict(num_warps=1)),

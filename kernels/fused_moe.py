@@ -9,7 +9,7 @@ then out[t] = sum over the token's top_k pairs. Expert weights are read through 
 weight pools hold `num_slots` experts (an expert cache, backend/experts.py), `slot_map[e]` is the
 slot holding expert e, or -1 for an expert this call must skip (its pairs' rows are left alone,
 to be written by another pass over other slots). With all experts resident, `slot_map` is None
-and the pools are the stacked experts [E, ...].
+and the pools are the stacked experts [E, ...] (expert e in slot e: nothing to read or build).
 
 Layout:
     x             [T, H]            activations
@@ -17,7 +17,8 @@ Layout:
     w2            [S, H, I]         per slot: down projection
     topk_weights  [T, top_k]        routing weights;  topk_ids [T, top_k] int (expert ids)
     slot_map      [E] int32         expert -> slot, -1: not in this pass
-    returns       [T, H] in x's dtype
+    returns       [T, H] in x's dtype, or the unreduced pairs [T, top_k, H] (`reduce=False`: the
+                  next RMSNorm sums them, kernels/norms.py, one launch fewer)
 Public: `moe_align_block_size`, `fused_moe` (dispatcher), `fused_moe_pass` (one pass over the
 slots in `slot_map`, caller-allocated scratch) and `fused_moe_ref` (PyTorch). Nothing runs at
 import. After vLLM's `fused_moe.py` / `moe_align_block_size.py` (sorted ids padded per expert,
@@ -56,6 +57,7 @@ def _fused_moe_kernel(
     stride_cm, stride_cn,
     # Meta-parameters
     TOP_K: tl.constexpr,  # pair p reads A row p // TOP_K
+    HAS_SLOT_MAP: tl.constexpr,  # False: expert e is in slot e
     GLU: tl.constexpr,  # B rows [0, N) gate, [N, 2N) up: C = silu(A gate^T) * (A up^T)
     MUL_ROUTED_WEIGHT: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
@@ -84,9 +86,11 @@ def _fused_moe_kernel(
     expert = tl.load(Expert_ids + pid_m)
     if expert < 0:
         return
-    slot = tl.load(Slot_map + expert).to(tl.int64)
-    if slot < 0:
-        return
+    slot = expert.to(tl.int64)
+    if HAS_SLOT_MAP:
+        slot = tl.load(Slot_map + expert).to(tl.int64)
+        if slot < 0:
+            return
 
     # -- the tile's pairs and their rows of A
     offs_token_id = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
@@ -134,17 +138,26 @@ class MoEAlignment(NamedTuple):
 
 
 @triton.jit
-def _moe_align_kernel(Ids, Sorted, Expert_ids, Num_post_padded, numel, em,
+def _moe_align_kernel(Ids, Sorted, Expert_ids, Num_post_padded, Counts, Pair_weights, numel, em,
                       E: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK: tl.constexpr, FILL_BLOCK: tl.constexpr,
-                      BLOCK_SIZE: tl.constexpr):
-    """One program: count the pairs per expert, pad the runs, then place each pair at its expert's run
-    start + how many pairs of that expert came before it (a one-hot prefix sum per chunk of pairs)."""
+                      BLOCK_SIZE: tl.constexpr, HAS_COUNTS: tl.constexpr):
+    """One program: count the pairs per expert (with HAS_COUNTS, Counts[e] += the Pair_weights of expert e's
+    pairs), pad the runs, then place each pair at its expert's run start + how many pairs of that expert came
+    before it (a one-hot prefix sum per chunk of pairs)."""
     e = tl.arange(0, BLOCK_E)
     chunk = tl.arange(0, BLOCK)
     counts = tl.zeros([BLOCK_E], dtype=tl.int32)
+    weighted = tl.zeros([BLOCK_E], dtype=tl.float32)  # whole numbers up to 4,096 pairs: exact
     for start in range(0, numel, BLOCK):
         ids = tl.load(Ids + start + chunk, mask=start + chunk < numel, other=-1)
-        counts += tl.sum((ids[:, None] == e[None, :]).to(tl.int32), axis=0)
+        onehot = (ids[:, None] == e[None, :]).to(tl.int32)
+        counts += tl.sum(onehot, axis=0)
+        if HAS_COUNTS:
+            w = tl.load(Pair_weights + start + chunk, mask=start + chunk < numel, other=0.0).to(tl.float32)
+            weighted += tl.sum(onehot.to(tl.float32) * w[:, None], axis=0)
+    if HAS_COUNTS:
+        total = tl.load(Counts + e, mask=e < E, other=0.0)
+        tl.store(Counts + e, total + weighted.to(total.dtype), mask=e < E)
     padded = (counts + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
     ends = tl.cumsum(padded, axis=0)
     starts = ends - padded
@@ -173,10 +186,13 @@ def _moe_align_kernel(Ids, Sorted, Expert_ids, Num_post_padded, numel, em,
 ALIGN_KERNEL_MAX_PAIRS = 4096
 
 
-def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> MoEAlignment:
+def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: int,
+                         counts: tuple[torch.Tensor, torch.Tensor] | None = None) -> MoEAlignment:
     """Sort the pairs of `topk_ids [T, top_k]` by expert, each expert's run padded to a multiple of
     `block_size`, pairs of one expert in their order. Static output sizes (EM = T*top_k + E*(block_size-1),
     rounded up), no host sync. One Triton launch up to ALIGN_KERNEL_MAX_PAIRS pairs, else `moe_align_ref`.
+    `counts`: (totals [E], pair weights [>= T*top_k]), floats: totals[e] += the weights of expert e's pairs
+    (routing statistics in the same launch; weights 1, or 0 for a CUDA graph's padding rows).
 
     Example: topk_ids [[2, 0], [2, 1]] (pairs 0..3), block_size 2, 3 experts ->
         sorted_token_ids [1, 4, 3, 4, 0, 2, ...padding 4]   (expert 0: pair 1; 1: pair 3; 2: pairs 0, 2)
@@ -184,31 +200,39 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: i
     """
     numel = topk_ids.numel()
     if numel > ALIGN_KERNEL_MAX_PAIRS:
-        return moe_align_ref(topk_ids, block_size, num_experts)
+        return moe_align_ref(topk_ids, block_size, num_experts, counts)
     em = triton.cdiv(numel + num_experts * (block_size - 1), block_size) * block_size
     device = topk_ids.device
     sorted_token_ids = torch.empty(em, dtype=torch.int32, device=device)
     expert_ids = torch.empty(em // block_size, dtype=torch.int32, device=device)
     num_post_padded = torch.empty(1, dtype=torch.int32, device=device)
-    _moe_align_kernel[(1,)](topk_ids.contiguous(), sorted_token_ids, expert_ids, num_post_padded, numel, em,
+    totals, pair_weights = counts if counts is not None else (expert_ids, expert_ids)
+    if counts is not None:
+        assert totals.shape == (num_experts,) and totals.is_contiguous() and totals.is_floating_point()
+        assert pair_weights.numel() >= numel and pair_weights.is_contiguous()
+    _moe_align_kernel[(1,)](topk_ids.contiguous(), sorted_token_ids, expert_ids, num_post_padded,
+                            totals, pair_weights, numel, em,
                             E=num_experts, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK=64,
-                            FILL_BLOCK=1024, BLOCK_SIZE=block_size, num_warps=4)
+                            FILL_BLOCK=1024, BLOCK_SIZE=block_size, HAS_COUNTS=counts is not None, num_warps=4)
     return MoEAlignment(sorted_token_ids, expert_ids, num_post_padded, block_size)
 
 
-def moe_align_ref(topk_ids: torch.Tensor, block_size: int, num_experts: int) -> MoEAlignment:
+def moe_align_ref(topk_ids: torch.Tensor, block_size: int, num_experts: int,
+                  counts: tuple[torch.Tensor, torch.Tensor] | None = None) -> MoEAlignment:
     """`moe_align_block_size` in PyTorch (a stable sort), for any device and size."""
     device = topk_ids.device
     flat = topk_ids.reshape(-1).long()
     numel = flat.numel()
     em = triton.cdiv(numel + num_experts * (block_size - 1), block_size) * block_size
-    counts = flat.new_zeros(num_experts).scatter_add_(0, flat, torch.ones_like(flat))  # bincount syncs on CUDA
-    padded = (counts + block_size - 1) // block_size * block_size
+    per_expert = flat.new_zeros(num_experts).scatter_add_(0, flat, torch.ones_like(flat))  # bincount syncs on CUDA
+    if counts is not None:
+        counts[0].index_add_(0, flat, counts[1][:numel].to(counts[0].dtype))
+    padded = (per_expert + block_size - 1) // block_size * block_size
     ends = torch.cumsum(padded, 0)
     starts = ends - padded
     order = torch.argsort(flat, stable=True)
     sorted_experts = flat[order]
-    first = torch.cumsum(counts, 0) - counts  # index in `order` of each expert's first pair
+    first = torch.cumsum(per_expert, 0) - per_expert  # index in `order` of each expert's first pair
     rank = torch.arange(numel, device=device) - first[sorted_experts]
     sorted_token_ids = torch.full((em,), numel, dtype=torch.int32, device=device)
     sorted_token_ids[starts[sorted_experts] + rank] = order.to(torch.int32)
@@ -298,27 +322,28 @@ def _launch(a, b, c, topk_weights, align: MoEAlignment, slot_map, num_valid: int
     grid = lambda meta: (triton.cdiv(em, align.block_size) * triton.cdiv(n, meta["BLOCK_SIZE_N"]),)  # noqa: E731
     _fused_moe_kernel[grid](
         a, b, c, topk_weights, align.sorted_token_ids, align.expert_ids, align.num_tokens_post_padded,
-        slot_map,
+        align.expert_ids if slot_map is None else slot_map,
         n, k, em, num_valid,
         a.stride(0), a.stride(1),
         b.stride(0), b.stride(1), b.stride(2),
         c.stride(0), c.stride(1),
-        TOP_K=top_k, GLU=glu, MUL_ROUTED_WEIGHT=mul_routed_weight,
+        TOP_K=top_k, HAS_SLOT_MAP=slot_map is not None, GLU=glu, MUL_ROUTED_WEIGHT=mul_routed_weight,
         DOT_DTYPE=dot_type, PRECISION="ieee" if dot_type == tl.float32 else "tf32", BLOCK_SIZE_M=align.block_size, **cfg,
     )
 
 
 def fused_moe_pass(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                   align: MoEAlignment, slot_map: torch.Tensor, act: torch.Tensor, pairs: torch.Tensor) -> None:
-    """Compute the pairs whose expert has a slot in `slot_map` (-1: skipped): writes their rows of the
-    caller-allocated scratch `act [T*top_k, I]` and `pairs [T*top_k, H]` (routing weight applied).
-    Several passes over disjoint expert sets, with the slots refilled between them, fill `pairs`."""
+                   align: MoEAlignment, slot_map: torch.Tensor | None, act: torch.Tensor, pairs: torch.Tensor) -> None:
+    """Compute the pairs whose expert has a slot in `slot_map` (-1: skipped; None: expert e in slot e): writes
+    their rows of the caller-allocated scratch `act [T*top_k, I]` and `pairs [T*top_k, H]` (routing weight
+    applied). Several passes over disjoint expert sets, with the slots refilled between them, fill `pairs`."""
     T, H = x.shape
     top_k = topk_weights.shape[1]
     I = w2.shape[2]
     assert act.shape == (T * top_k, I) and pairs.shape == (T * top_k, H)
-    assert slot_map.dtype == torch.int32 and slot_map.is_contiguous()
-    assert topk_weights.is_contiguous() and x.device == w13.device == slot_map.device
+    assert slot_map is None or (slot_map.dtype == torch.int32 and slot_map.is_contiguous()
+                                and slot_map.device == x.device)
+    assert topk_weights.is_contiguous() and x.device == w13.device
     _launch(x, w13, act, topk_weights, align, slot_map, T * top_k, top_k, glu=True, mul_routed_weight=False)
     _launch(act, w2, pairs, topk_weights, align, slot_map, T * top_k, 1, glu=False, mul_routed_weight=True)
 
@@ -329,21 +354,21 @@ def reduce_pairs(pairs: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.T
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor, slot_map: torch.Tensor | None = None) -> torch.Tensor:
+              topk_ids: torch.Tensor, slot_map: torch.Tensor | None = None,
+              expert_counts: tuple[torch.Tensor, torch.Tensor] | None = None, reduce: bool = True) -> torch.Tensor:
     """MoE output `[T, H]` for `x [T, H]` routed to `topk_ids` with `topk_weights [T, top_k]`.
     `slot_map [E]` maps experts to slots of the pools `w13 [S, 2I, H]`, `w2 [S, H, I]`; every
-    routed expert must have a slot. None: the pools are the stacked experts (E == S)."""
+    routed expert must have a slot. None: the pools are the stacked experts (E == S).
+    `expert_counts`: (totals [E], pair weights), `moe_align_block_size`'s `counts`. `reduce=False`: the pairs
+    `[T, top_k, H]` (routing weights applied) instead of their sum over top_k."""
     T, H = x.shape
     top_k = topk_ids.shape[1]
-    if slot_map is None:
-        num_experts = w13.shape[0]
-        slot_map = torch.arange(num_experts, dtype=torch.int32, device=x.device)
-    num_experts = slot_map.shape[0]
-    align = moe_align_block_size(topk_ids, block_size_m(T * top_k, num_experts), num_experts)
+    num_experts = w13.shape[0] if slot_map is None else slot_map.shape[0]
+    align = moe_align_block_size(topk_ids, block_size_m(T * top_k, num_experts), num_experts, expert_counts)
     act = torch.empty(T * top_k, w2.shape[2], dtype=x.dtype, device=x.device)
     pairs = torch.empty(T * top_k, H, dtype=x.dtype, device=x.device)
     fused_moe_pass(x, w13, w2, topk_weights.contiguous(), align, slot_map, act, pairs)
-    return reduce_pairs(pairs, top_k, x.dtype)
+    return reduce_pairs(pairs, top_k, x.dtype) if reduce else pairs.view(T, top_k, H)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ fp32, norm, cast back, weight), and a Qwen3 attention block adds a per-head norm
 RoPE's multiplies, roll and add. These kernels keep the PyTorch path's roundings (HF's: normalize in
 fp32, round to the model dtype, then multiply by the weight; RoPE's products and sum each rounded).
 
-    rms_norm(x, weight, eps, residual=None)       x [T, N]; with residual: (x + residual, its norm)
+    rms_norm(x, weight, eps, residual=None)       x [T, N]; with residual: (x + residual, its norm);
+                                                  x [T, P, N]: the sum of P rows first (a MoE's pairs)
     qk_norm_rope(qkv, ..., cos, signed_sin)       qkv [T, (Hq + 2 Hkv) D] -> q, k, k_rot (RoPE'd)
 
 `signed_sin` is backend.model.Rotary's: rotate_half(x) * sin == roll(x, D/2) * [-sin, sin].
@@ -20,13 +21,19 @@ import triton.language as tl
 
 
 @triton.jit
-def _rms_norm_kernel(X, Residual, W, Out, Sum, N, eps, stride_x, stride_r,
-                     HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program per row; with a residual the row is x + residual (rounded), also stored in Sum."""
+def _rms_norm_kernel(X, Residual, W, Out, Sum, N, eps, stride_x, stride_p, stride_r,
+                     PARTS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program per row; the row is the sum of PARTS rows (in fp32, rounded once); with a residual the
+    row is x + residual (rounded), also stored in Sum."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
     x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)
+    if PARTS > 1:
+        acc = x.to(tl.float32)
+        for p in range(1, PARTS):
+            acc += tl.load(X + row * stride_x + p * stride_p + cols, mask=mask, other=0.0).to(tl.float32)
+        x = acc.to(X.dtype.element_ty)
     if HAS_RESIDUAL:
         r = tl.load(Residual + row * stride_r + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(Sum.dtype.element_ty)
@@ -39,23 +46,27 @@ def _rms_norm_kernel(X, Residual, W, Out, Sum, N, eps, stride_x, stride_r,
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
-    """RMSNorm of the rows of `x [T, N]` (row stride free, last dim contiguous). With `residual`:
-    returns (x + residual, RMSNorm of that sum), the pre-norm residual stream in one launch."""
-    T, N = x.shape
-    assert x.stride(1) == 1 and weight.is_contiguous() and weight.shape == (N,)
+    """RMSNorm of the rows of `x [T, N]` (row stride free, last dim contiguous), or of `x [T, P, N]` summed
+    over P in fp32 and rounded (a MoE's unreduced pairs, `fused_moe(reduce=False)`: the sum's launch saved).
+    With `residual [T, N]`: returns (x + residual, RMSNorm of that sum), the pre-norm residual stream in one
+    launch."""
+    T, N = x.shape[0], x.shape[-1]
+    parts = x.shape[1] if x.dim() == 3 else 1
+    assert x.stride(-1) == 1 and weight.is_contiguous() and weight.shape == (N,)
     out = torch.empty(T, N, dtype=x.dtype, device=x.device)
     total = torch.empty_like(out) if residual is not None else out
     if residual is not None:
-        assert residual.shape == x.shape and residual.stride(1) == 1
+        assert residual.shape == (T, N) and residual.stride(1) == 1
     _rms_norm_kernel[(T,)](x, residual if residual is not None else x, weight, out, total, N, eps,
-                           x.stride(0), residual.stride(0) if residual is not None else 0,
-                           HAS_RESIDUAL=residual is not None, BLOCK_N=triton.next_power_of_2(N),
+                           x.stride(0), x.stride(1) if parts > 1 else 0,
+                           residual.stride(0) if residual is not None else 0,
+                           PARTS=parts, HAS_RESIDUAL=residual is not None, BLOCK_N=triton.next_power_of_2(N),
                            num_warps=8 if N >= 2048 else 4)
     return (total, out) if residual is not None else out
 
 
 def rms_norm_ref(x, weight, eps, residual=None):
-    """The PyTorch path (backend.model.RMSNorm)."""
+    """The PyTorch path (backend.model.RMSNorm), over the last dim."""
     if residual is not None:
         x = x + residual
         return x, weight * F.rms_norm(x.float(), x.shape[-1:], eps=eps).to(x.dtype)

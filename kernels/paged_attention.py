@@ -16,7 +16,8 @@ Query head i reads kv head i // (num_q_heads // num_kv_heads), as in HF `repeat_
 
 Public: `paged_decode_attention` (the dispatcher) and `paged_decode_attention_ref` (PyTorch);
 `paged_tiles_attention` takes a whole step's query rows (prompt chunks and decodes) in tiles of one
-sequence's consecutive tokens (`query_tiles`), so a mixed step runs in one CUDA graph.
+sequence's consecutive tokens (`query_tiles`), so a mixed step runs in one CUDA graph; `store_kv` writes a
+step's new keys and values into the cache (or a windowed format's window) in one launch.
 Nothing runs at import. Structure after vLLM's `triton_decode_attention.py` (stage1/stage2),
 written anew for this layout: all heads of a group share each K/V tile (tl.dot), splits are whole
 tiles, offsets are int64, exp2 with the scale folded into q.
@@ -35,7 +36,7 @@ from kernels.tuning import get_config, num_sms, resident_programs
 LOG2E = 1.4426950408889634
 
 # Stage 1 launch parameters when no tuned JSON exists (kernels/tuning.py); tuned per device there.
-_DEFAULT_STAGE1 = {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2}  # sm_90: 186 regs, no spill
+_DEFAULT_STAGE1 = {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2}  # sm_90: 220 regs with the merge, no spill
 # Fewest tokens one split should cover: below this the merge costs more than the parallelism gains.
 MIN_TOKENS_PER_SPLIT = 256
 MAX_SPLITS = 64
@@ -140,7 +141,7 @@ def load_kv_tile(bt_row, k_head, v_head, start_n, end, offs_n, offs_d, mask_d,
 @triton.jit
 def _paged_decode_stage1(
     # Pointers to tensors
-    Q, K_cache, V_cache, Block_tables, Seq_lens, Mid_o, Mid_lse,
+    Q, K_cache, V_cache, Block_tables, Seq_lens, Mid_o, Mid_lse, Out, Tickets,
     # Scalars
     qk_scale,  # softmax scale * log2(e)
     num_splits,  # programs per (sequence, kv head): grid axis 2
@@ -151,6 +152,7 @@ def _paged_decode_stage1(
     stride_btb,
     stride_mob, stride_moh, stride_mos,  # mid_o [B, Hq, S, D] (D contiguous)
     stride_mlb, stride_mlh,  # mid_lse [B, Hq, S] (S contiguous)
+    stride_ob, stride_oh,  # out [B, Hq, D]
     # Meta-parameters
     GROUP: tl.constexpr,  # query heads per kv head
     BLOCK_G: tl.constexpr,  # GROUP padded to a tl.dot-able power of two (>= 16)
@@ -160,9 +162,11 @@ def _paged_decode_stage1(
     BLOCK_N: tl.constexpr,  # tokens per tile
     DOT_DTYPE: tl.constexpr,  # the cache dtype (see `dot_dtype`)
     DOT_PRECISION: tl.constexpr,  # "ieee" for an fp32 cache (exact, as `full` promises; tf32 is not), else unused
+    MERGE_CHUNK: tl.constexpr,  # partials per step of the merge (`merge_chunk`)
 ):
     """Grid (B, num_kv_heads, num_splits). Writes mid_o[b, heads, s] = softmax-normalised partial
-    output and mid_lse[b, heads, s] = its log2-sum-exp2 (-inf for an empty split)."""
+    output and mid_lse[b, heads, s] = its log2-sum-exp2 (-inf for an empty split); the last program of a
+    (sequence, kv head) merges them into out (`merge_if_last`)."""
     pid_b = tl.program_id(0).to(tl.int64)
     pid_kvh = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -202,8 +206,12 @@ def _paged_decode_stage1(
         pv = tl.dot(p.to(v.dtype).to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv
 
-    store_partial(Mid_o + pid_b * stride_mob + pid_s * stride_mos, Mid_lse + pid_b * stride_mlb + pid_s,
+    mid_o_row, mid_lse_row = Mid_o + pid_b * stride_mob, Mid_lse + pid_b * stride_mlb
+    store_partial(mid_o_row + pid_s * stride_mos, mid_lse_row + pid_s,
                   acc, m_i, l_i, heads, offs_d, mask_g, mask_d, stride_moh, stride_mlh)
+    merge_if_last(Tickets + pid_b * tl.num_programs(1) + pid_kvh, num_splits, num_splits, mid_o_row, mid_lse_row,
+                  Out + pid_b * stride_ob, heads, mask_g, offs_d, mask_d, stride_moh, stride_mos, stride_mlh,
+                  stride_oh, BLOCK_G, BLOCK_D, MERGE_CHUNK)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -310,7 +318,7 @@ def _group_block(group: int) -> int:
     return max(16, triton.next_power_of_2(group))
 
 
-def _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o, mid_lse):
+def _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o, mid_lse, out, tickets):
     batch, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
     num_splits = mid_o.shape[2]
@@ -323,7 +331,7 @@ def _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o
     block_n = cfg.pop("BLOCK_N")
     grid = (batch, num_kv_heads, num_splits)
     _paged_decode_stage1[grid](
-        q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse,
+        q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out, tickets,
         scale * LOG2E, num_splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -331,10 +339,12 @@ def _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o
         block_tables.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1),
         GROUP=group, BLOCK_G=_group_block(group), HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim), PAGE_SIZE=page_size, BLOCK_N=block_n,
         DOT_DTYPE=dot_dtype(k_cache.dtype, q.device),
-        DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32", **cfg,
+        DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
+        MERGE_CHUNK=merge_chunk(group, head_dim, cfg.get("num_warps", 4)), **cfg,
     )
 
 
@@ -393,12 +403,15 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
     num_splits: int | None = None,
+    tickets: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention of `q [B, Hq, D]` over the paged `k_cache`/`v_cache`
     `[num_blocks, block_size, Hkv, D]` (keys rotated); returns `[B, Hq, D]` in q's dtype.
 
     `num_splits`: programs per (sequence, kv head); default from the shapes (`default_num_splits`).
-    No host synchronisation: safe under CUDA-graph capture.
+    `tickets`: int32 zeros of at least B x Hkv entries, 0 again after the call (`decode_tickets`); None
+    allocates them. One launch (the splits merged by the last of them), no host synchronisation: safe under
+    CUDA-graph capture.
     """
     batch, num_q_heads, head_dim = q.shape
     num_blocks, page_size, num_kv_heads, _ = k_cache.shape
@@ -411,8 +424,9 @@ def paged_decode_attention(
     mid_o = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
     out = torch.empty(batch, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
-    _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o, mid_lse)
-    return decode_reduce(mid_o, mid_lse, out)
+    tickets = decode_tickets(tickets, batch * num_kv_heads, q.device)
+    _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o, mid_lse, out, tickets)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -558,6 +572,43 @@ def paged_tiles_attention(q, k_cache, v_cache, block_tables, seq_lens, tile_star
         num_warps=4 if block_m <= 64 else 8, num_stages=2,  # acc [BLOCK_M, D] fp32: 8 warps above 64 rows
     )
     return decode_reduce(mid_o, mid_lse, out)
+
+
+# ----------------------------------------------------------------------------------------------
+# The step's new keys and values into the cache
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _store_kv_kernel(K, V, K_dst, V_dst, Rows, Offsets, stride_kt, stride_vt, stride_dn, stride_dt,
+                     ROW: tl.constexpr, BLOCK: tl.constexpr):
+    """Grid (T,): token t's H x D keys and values into row Rows[t], position Offsets[t] of the destinations."""
+    t = tl.program_id(0)
+    dst = tl.load(Rows + t).to(tl.int64) * stride_dn + tl.load(Offsets + t).to(tl.int64) * stride_dt
+    cols = tl.arange(0, BLOCK)
+    mask = cols < ROW
+    k = tl.load(K + t * stride_kt + cols, mask=mask)
+    v = tl.load(V + t * stride_vt + cols, mask=mask)
+    tl.store(K_dst + dst + cols, k.to(K_dst.dtype.element_ty), mask=mask)
+    tl.store(V_dst + dst + cols, v.to(V_dst.dtype.element_ty), mask=mask)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_dst: torch.Tensor, v_dst: torch.Tensor, rows: torch.Tensor,
+             offsets: torch.Tensor) -> None:
+    """k_dst[rows[t], offsets[t]] = k[t] and the same for v, cast to the destination's dtype, in one launch
+    (two indexed assignments in PyTorch). k, v [T, H, D], each token's H x D contiguous; k_dst, v_dst
+    [N, block, H, D] alike (a layer's paged blocks, or its window slots); rows, offsets [T] int."""
+    T, H, D = k.shape
+    assert v.shape == k.shape and k_dst.shape == v_dst.shape and k_dst.shape[2:] == (H, D)
+    assert k.stride()[1:] == (D, 1) and v.stride()[1:] == (D, 1) and k_dst.stride() == v_dst.stride()
+    assert k_dst.stride()[2:] == (D, 1) and rows.shape == offsets.shape == (T,)
+    _store_kv_kernel[(T,)](k, v, k_dst, v_dst, rows, offsets, k.stride(0), v.stride(0), k_dst.stride(0),
+                           k_dst.stride(1), ROW=H * D, BLOCK=triton.next_power_of_2(H * D),
+                           num_warps=4 if H * D >= 1024 else 1)
+
+
+def store_kv_ref(k, v, k_dst, v_dst, rows, offsets) -> None:
+    """`store_kv` by indexing."""
+    k_dst[rows, offsets] = k.to(k_dst.dtype)
+    v_dst[rows, offsets] = v.to(v_dst.dtype)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ logger = logging.getLogger(__name__)
 
 
 class FormatKernels(NamedTuple):
-    """The Triton kernels (kernels/) of one format's storage, as PagedKVCache calls them (on CUDA only)."""
+    """The Triton kernels (kernels/) of one format's storage, as PagedKVCache calls them (on CUDA, or under the
+    interpreter with attention_backend="triton")."""
     decode: Callable             # decode attention over the paged blocks (and the window, for windowed formats)
     layers: list                 # per layer, the storage `decode` reads: (k_cache, v_cache) for page-addressed
                                  # formats, a view object (kernels.*_attention.*Layer) for windowed ones
@@ -23,6 +24,8 @@ class FormatKernels(NamedTuple):
     tiles: Callable | None = None     # attention of a step's query rows in tiles, prompt chunks and decodes
                                       # together (kernels.paged_attention.paged_tiles_attention); None: mixed
                                       # steps attend sequence by sequence, outside CUDA graphs
+    stores_as_is: bool = False        # page-addressed formats whose `layers` hold keys and values as they come:
+                                      # a step's are written with kernels.paged_attention.store_kv
 
 
 class KVFormat:

@@ -1,6 +1,8 @@
 """Uncompressed formats: `full` (the model dtype) and `fp16` (16 bits per value, the serving baseline)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from backend.kv_formats.base import FormatKernels, KVFormat
@@ -36,7 +38,10 @@ class FullFormat(KVFormat):
     def kernels(self, max_rows):
         from kernels.paged_attention import paged_decode_attention, paged_tiles_attention
         layers = [(self.k_cache[i], self.v_cache[i]) for i in range(self.num_layers)]
-        return FormatKernels(paged_decode_attention, layers, tiles=paged_tiles_attention)
+        # the decode kernel's merge tickets, zeros between calls: held here so a CUDA graph holds no memset
+        tickets = torch.zeros(max_rows * self.num_kv_heads, dtype=torch.int32, device=self.device)
+        return FormatKernels(functools.partial(paged_decode_attention, tickets=tickets), layers,
+                             tiles=paged_tiles_attention, stores_as_is=True)
 
 
 class FP16Format(FullFormat):

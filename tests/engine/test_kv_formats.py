@@ -537,7 +537,8 @@ def test_each_format_names_its_kernels():
 
     for name in ("full", "fp16"):
         paged = kernels(name)
-        assert paged.decode is paged_decode_attention and paged.compress is None and len(paged.layers) == L
+        assert paged.decode.func is paged_decode_attention and paged.compress is None and len(paged.layers) == L
+        assert paged.stores_as_is and paged.decode.keywords["tickets"].tolist() == [0] * 4 * H
         k_cache, v_cache = paged.layers[1]
         assert k_cache.shape == (2, 16, H, D) and v_cache.shape == (2, 16, H, D)
     kivi = kernels("kivi4")

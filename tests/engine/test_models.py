@@ -1,11 +1,19 @@
-"""Every supported family against transformers on tiny random checkpoints written by the test; on CUDA also the
-engine on the GPU (in float32), where its Triton kernels (norms, RoPE, MoE, paged attention) replace PyTorch."""
-import pytest
-import torch
-import transformers
+"""Every supported family against transformers on tiny random checkpoints written by the test; also the engine's
+CUDA path (in float32), where its Triton kernels (norms, RoPE, MoE, the KV write, paged attention) replace
+PyTorch: on the GPU where there is one, and on the CPU under Triton's interpreter (`cpu-kernels`)."""
+import contextlib
 
-from backend.engine import EngineArgs, LLMEngine
-from backend.sampling import SamplingParams
+from kernels.testing import use_interpreter_without_gpu
+
+use_interpreter_without_gpu()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from backend import model as model_module  # noqa: E402
+from backend.engine import EngineArgs, LLMEngine  # noqa: E402
+from backend.sampling import SamplingParams  # noqa: E402
 
 # float32: equal up to summation order.
 ATOL_FP32 = 1e-4
@@ -29,10 +37,23 @@ CONFIGS = {
 }
 
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = ["cpu", "cpu-kernels"] + (["cuda"] if torch.cuda.is_available() else [])
+# the interpreter is slow: the families whose CUDA paths differ (q/k norms and a plain MoE; a shared expert)
+INTERPRETED = {"qwen3_moe", "qwen2_moe"}
 
 
-@pytest.fixture(scope="module", params=[(f, d) for f in sorted(CONFIGS) for d in DEVICES], ids="-".join)
+@contextlib.contextmanager
+def kernels_on_cpu(device: str):
+    """The model's fused-kernel path on CPU tensors while the `cpu-kernels` engine runs."""
+    model_module.KERNELS_ON_CPU = device == "cpu-kernels"
+    try:
+        yield
+    finally:
+        model_module.KERNELS_ON_CPU = False
+
+
+@pytest.fixture(scope="module", params=[(f, d) for f in sorted(CONFIGS) for d in DEVICES
+                                        if d != "cpu-kernels" or f in INTERPRETED], ids="-".join)
 def checkpoint(request, tmp_path_factory):
     family, device = request.param
     torch.manual_seed(0)
@@ -43,32 +64,43 @@ def checkpoint(request, tmp_path_factory):
                 p.normal_(0, 0.2)
     folder = tmp_path_factory.mktemp(family)
     ref.save_pretrained(folder)
-    engine = LLMEngine(EngineArgs(model=str(folder), tokenizer="none", kv_format="full", device=device,
-                                  dtype="float32"))
-    return family, ref, engine
+    kernels = "triton" if device == "cpu-kernels" else "auto"
+    with kernels_on_cpu(device):
+        engine = LLMEngine(EngineArgs(model=str(folder), tokenizer="none", kv_format="full",
+                                      device=device.split("-")[0], dtype="float32", attention_backend=kernels))
+    assert (engine.cache.decode_kernel is not None) == (device != "cpu")
+    return family, device, ref, engine
 
 
 def test_logits_match_transformers(checkpoint):
-    family, ref, engine = checkpoint
+    family, device, ref, engine = checkpoint
     ids = torch.randint(0, 49152, (150,), generator=torch.Generator().manual_seed(1)).tolist()
-    ours = engine.score(ids, chunk_size=40).cpu()
+    with kernels_on_cpu(device):
+        ours = engine.score(ids, chunk_size=40).cpu()
     with torch.no_grad():
         expected = ref(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(ours, expected, atol=ATOL_FP32, rtol=1e-4)
 
 
 def test_greedy_equals_transformers_generate(checkpoint):
-    family, ref, engine = checkpoint
+    family, device, ref, engine = checkpoint
     prompts = [torch.randint(0, 49152, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (5, 17, 33)]
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     rids = [engine.add_request(None, SamplingParams(**vars(params)), prompt_ids=p) for p in prompts]
     done = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out.token_ids
+    if engine.moe_layers:
+        engine.reset_routing_counts()
+    with kernels_on_cpu(device):
+        while engine.has_unfinished():
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = out.token_ids
     for rid, p in zip(rids, prompts):
         with torch.no_grad():
             expected = ref.generate(torch.tensor([p]), max_new_tokens=12, min_new_tokens=12, do_sample=False,
                                     pad_token_id=0)
         assert done[rid] == expected[0, len(p):].tolist(), family
+    if engine.moe_layers:  # every token fed (prompts, and each answer but its last token) routed to top_k experts
+        fed = sum(map(len, prompts)) + len(prompts) * (params.max_tokens - 1)
+        counts = engine.routing_counts()
+        assert counts.sum(1).tolist() == [fed * engine.cfg.num_experts_per_tok] * len(counts)

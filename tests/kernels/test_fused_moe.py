@@ -71,6 +71,20 @@ def test_align_kernel_equals_the_sort(T, top_k, E, block, dtype):
         assert a.dtype == b.dtype and a.tolist() == b.tolist()
 
 
+@pytest.mark.parametrize("T, top_k, E", [(1, 8, 128), (33, 8, 60), (600, 8, 16)])
+def test_align_adds_each_experts_weighted_pairs_to_the_counts(T, top_k, E):
+    # the kernel (up to 4,096 pairs) and the sort beyond: totals += the pair weights (0 for a graph's padding)
+    g = torch.Generator().manual_seed(T)
+    ids = torch.randint(0, E, (T, top_k), generator=g).to(DEVICE)
+    pair_weights = (torch.rand(T * top_k + 5, generator=g) < 0.8).double().to(DEVICE)
+    totals = torch.arange(E, dtype=torch.float64, device=DEVICE)  # added to, not overwritten
+    expected = totals.clone().index_add_(0, ids.flatten(), pair_weights[:T * top_k])
+    got = moe_align_block_size(ids, 16, E, counts=(totals, pair_weights))
+    assert torch.equal(totals, expected)
+    for a, b in zip(got[:3], moe_align_block_size(ids, 16, E)[:3]):  # the alignment is unchanged
+        assert a.tolist() == b.tolist()
+
+
 @pytest.mark.parametrize("E, top_k, normalize", [(128, 8, True), (60, 4, False), (8, 2, True)])
 @pytest.mark.parametrize("seeded", [False, True])
 def test_route_equals_softmax_topk(E, top_k, normalize, seeded):
@@ -102,6 +116,13 @@ def test_shapes_and_tiles(T, E, top_k):
     args = _case(T=T, H=32, I=48, E=E, top_k=top_k, dtype=torch.float32, seed=T)
     _check(fused_moe(*args), fused_moe_ref(*args), torch.float32)
     assert block_size_m(70 * 2, 4) == 32 and block_size_m(200 * 2, 4) == 64 and block_size_m(8, 128) == 16
+
+
+def test_unreduced_pairs_sum_to_the_output():
+    x, w13, w2, weights, ids, _ = _case(T=5, H=32, I=16, E=6, top_k=3, dtype=torch.float32, seed=4)
+    pairs = fused_moe(x, w13, w2, weights, ids, reduce=False)
+    assert pairs.shape == (5, 3, 32)
+    assert torch.equal(reduce_pairs(pairs.flatten(0, 1), 3, x.dtype), fused_moe(x, w13, w2, weights, ids))
 
 
 def test_reads_experts_through_the_slot_map():

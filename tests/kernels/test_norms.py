@@ -41,6 +41,21 @@ def test_rms_norm(dtype, with_residual):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_sums_a_moes_pairs_first(dtype):
+    # x [T, top_k, N]: a MoE's unreduced pairs (fused_moe(reduce=False)), summed in fp32 and rounded once
+    g = torch.Generator().manual_seed(2)
+    T, P, N = 4, 8, 96
+    pairs = torch.randn(T, P, N, generator=g).to(dtype).to(DEVICE)
+    w = (1 + torch.randn(N, generator=g) / 4).to(dtype).to(DEVICE)
+    res = torch.randn(T, N, generator=g).to(dtype).to(DEVICE)
+    summed = pairs.sum(1, dtype=torch.float32).to(dtype)  # as fused_moe.reduce_pairs
+    (total, out), (ref_total, ref_out) = rms_norm(pairs, w, 1e-6, res), rms_norm_ref(summed, w, 1e-6, res)
+    _close(total, ref_total)
+    _close(out, ref_out)
+    _close(rms_norm(pairs, w, 1e-6), rms_norm_ref(summed, w, 1e-6))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("norm", [True, False])
 def test_qk_norm_rope(dtype, norm):
     g = torch.Generator().manual_seed(1)

@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernels.paged_attention import (paged_decode_attention, paged_decode_attention_ref, paged_tiles_attention,  # noqa: E402
-                                     query_tiles, wave_num_splits)
+                                     query_tiles, store_kv, store_kv_ref, wave_num_splits)
 
 TOL = {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.5e-2, 1.6e-2), torch.float32: (1e-4, 1e-4)}
 
@@ -105,6 +105,30 @@ def test_empty_sequence():
     _check(args, torch.float16, num_splits=2)
     out = paged_decode_attention(*args, 0.125, num_splits=2)
     assert torch.all(out[0] == 0)
+
+
+def test_merge_leaves_the_callers_tickets_at_zero():
+    # the last split of each (sequence, kv head) merges; a CUDA graph replays the call with the same tickets
+    args = _case([40, 7, 300], num_kv_heads=2, group=3, head_dim=32, block_size=16, dtype=torch.float16)
+    tickets = torch.zeros(8, dtype=torch.int32, device=DEVICE)
+    first = paged_decode_attention(*args, 0.2, num_splits=4, tickets=tickets)
+    assert tickets.tolist() == [0] * 8
+    assert torch.equal(paged_decode_attention(*args, 0.2, num_splits=4, tickets=tickets), first)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_store_kv_writes_each_token_where_indexing_does(dtype):
+    # a step's keys from a wider projection (a row stride), into 16-bit paged blocks or a float32 window
+    g = torch.Generator().manual_seed(5)
+    T, H, D = 5, 3, 16
+    k = torch.randn(T, H * D + 8, generator=g)[:, :H * D].view(T, H, D).to(DEVICE)
+    v = torch.randn(T, H, D, generator=g).to(DEVICE)
+    rows, offsets = torch.tensor([4, 0, 4, 2, 1]).to(DEVICE), torch.tensor([0, 7, 3, 3, 0]).to(DEVICE)
+    got = [torch.randn(6, 8, H, D, generator=g).to(dtype).to(DEVICE) for _ in range(2)]
+    ref = [t.clone() for t in got]
+    store_kv(k, v, *got, rows, offsets)
+    store_kv_ref(k, v, *ref, rows, offsets)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
 
 
 def test_wave_num_splits_fills_whole_waves():
