@@ -183,6 +183,7 @@ def test_alrkvd_decode_kernel_glue(key_frame):
     the kernel over closed blocks + window) gives the PyTorch path's tokens; on CPU the kernel's
     PyTorch reference stands in for the Triton kernel."""
     from kernels.alrkvd_attention import alrkvd_decode_attention_ref, kernel_options
+    from kernels.paged_attention import store_kv
     engine = LLMEngine(EngineArgs(model="default", kv_format="alrkvd", kv_options=kernel_options(64, key_frame=key_frame),
                                   max_num_seqs=4))
     assert engine.cache.kernel_layers is not None and engine.cache.decode_kernel is None  # CPU: PyTorch path
@@ -192,6 +193,7 @@ def test_alrkvd_decode_kernel_glue(key_frame):
     params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
     expected = [o.token_ids for o in engine.generate(prompts, params)]
     engine.cache.decode_kernel = alrkvd_decode_attention_ref
+    engine.cache.store_kv = store_kv  # new tokens into their window slots by the kernel (interpreted here)
     got = [o.token_ids for o in engine.generate(prompts, params)]
     assert got == expected
     # as on CUDA: the block a decode step fills is read from the window, then compressed with the blocks of
