@@ -36,7 +36,7 @@ from kernels.tuning import get_config, num_sms, resident_programs
 LOG2E = 1.4426950408889634
 
 # Stage 1 launch parameters when no tuned JSON exists (kernels/tuning.py); tuned per device there.
-_DEFAULT_STAGE1 = {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2}  # sm_90: 220 regs with the merge, no spill
+_DEFAULT_STAGE1 = {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2}  # sm_90: 59 regs, no spill
 # Fewest tokens one split should cover: below this the merge costs more than the parallelism gains.
 MIN_TOKENS_PER_SPLIT = 256
 MAX_SPLITS = 64
@@ -162,6 +162,7 @@ def _paged_decode_stage1(
     BLOCK_N: tl.constexpr,  # tokens per tile
     DOT_DTYPE: tl.constexpr,  # the cache dtype (see `dot_dtype`)
     DOT_PRECISION: tl.constexpr,  # "ieee" for an fp32 cache (exact, as `full` promises; tf32 is not), else unused
+    MERGE_G: tl.constexpr,  # GROUP padded to a power of two: the merge's heads (it needs no tl.dot's 16)
     MERGE_CHUNK: tl.constexpr,  # partials per step of the merge (`merge_chunk`)
 ):
     """Grid (B, num_kv_heads, num_splits). Writes mid_o[b, heads, s] = softmax-normalised partial
@@ -209,9 +210,10 @@ def _paged_decode_stage1(
     mid_o_row, mid_lse_row = Mid_o + pid_b * stride_mob, Mid_lse + pid_b * stride_mlb
     store_partial(mid_o_row + pid_s * stride_mos, mid_lse_row + pid_s,
                   acc, m_i, l_i, heads, offs_d, mask_g, mask_d, stride_moh, stride_mlh)
+    offs_mg = tl.arange(0, MERGE_G)
     merge_if_last(Tickets + pid_b * tl.num_programs(1) + pid_kvh, num_splits, num_splits, mid_o_row, mid_lse_row,
-                  Out + pid_b * stride_ob, heads, mask_g, offs_d, mask_d, stride_moh, stride_mos, stride_mlh,
-                  stride_oh, BLOCK_G, BLOCK_D, MERGE_CHUNK)
+                  Out + pid_b * stride_ob, pid_kvh * GROUP + offs_mg, offs_mg < GROUP, offs_d, mask_d, stride_moh,
+                  stride_mos, stride_mlh, stride_oh, MERGE_G, BLOCK_D, MERGE_CHUNK)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -344,7 +346,8 @@ def _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o
         BLOCK_D=triton.next_power_of_2(head_dim), PAGE_SIZE=page_size, BLOCK_N=block_n,
         DOT_DTYPE=dot_dtype(k_cache.dtype, q.device),
         DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
-        MERGE_CHUNK=merge_chunk(group, head_dim, cfg.get("num_warps", 4)), **cfg,
+        MERGE_G=triton.next_power_of_2(group), MERGE_CHUNK=merge_chunk(group, head_dim, cfg.get("num_warps", 4), 4),
+        **cfg,
     )
 
 
@@ -368,9 +371,11 @@ def decode_reduce(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor)
     return out
 
 
-def merge_chunk(group: int, head_dim: int, num_warps: int) -> int:
-    """Partials `merge_if_last` reads per step: [group, chunk, head_dim] fp32 at about 128 registers a thread."""
-    per_step = 128 * 32 * num_warps // (triton.next_power_of_2(group) * triton.next_power_of_2(head_dim))
+def merge_chunk(group: int, head_dim: int, num_warps: int, registers: int = 128) -> int:
+    """Partials `merge_if_last` reads per step: [group, chunk, head_dim] fp32 at about `registers` a thread. The
+    paged kernel takes 4: its loop needs 58 registers on sm_90, and a wider merge would set the kernel's count
+    (128 at 16 partials a step, 220 at 32), fewer programs per SM; the ALR-KVD kernel's loop needs 255 anyway."""
+    per_step = registers * 32 * num_warps // (triton.next_power_of_2(group) * triton.next_power_of_2(head_dim))
     return max(1, min(32, per_step))
 
 

@@ -49,7 +49,8 @@ class ALRKVDFormat(KVFormat):
         "basis_bits": (int, 8),
         "k_bits": (int, 2),
         "v_bits": (int, 2),
-        "group": (int, 64),              # residual scale group (channels of one token)
+        "group": (int, None),            # residual scale group (channels of one token); None: head_dim, one scale
+                                         # per token and head, as the decode kernel reads
         "codebook": (str, "gauss"),      # gauss | trellis | uniform
         "trellis_state_bits": (int, None),   # codebook=trellis: L of the k_bits/v_bits codes (None: 8 or 9; 12: less
                                              # error, 8x the work); v_low_bits codes keep the default
@@ -67,6 +68,8 @@ class ALRKVDFormat(KVFormat):
     def _validate(self):
         o = self.options
         H, D, T = self.num_kv_heads, self.head_dim, self.block_size
+        if o["group"] is None:
+            o["group"] = D
         if o["rank_max"] is None:
             o["rank_max"] = D // 2
         if o["rank_budget"] is None:

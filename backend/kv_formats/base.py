@@ -107,7 +107,8 @@ class KVFormat:
 
     def _no_kernels(self, reason: str) -> None:
         if self.device.type == "cuda":  # elsewhere no kernel runs anyway
-            logger.info("kv format %s: %s; decode attention takes the PyTorch path", self.name, reason)
+            logger.warning("kv format %s: %s; decode attention takes the PyTorch path (slow: every step rebuilds "
+                           "the compressed blocks)", self.name, reason)
         return None
 
     # -- data path --------------------------------------------------------------------------------------

@@ -179,6 +179,10 @@ def test_a_dead_engine_thread_fails_every_stream_at_once_and_refuses_the_next():
         fault, results, after = asyncio.run(scenario())
         for e in [fault, *results, after]:
             assert isinstance(e, EngineDeadError) and "InjectedFault" in str(e), e
+        # the streams are failed first, then on_death runs (the server stops after its clients are told)
+        deadline = time.monotonic() + 5
+        while not deaths and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert deaths == [engine.dead] and "engine stopped" in engine.dead
         assert not engine.thread.is_alive() and not engine.streams
     finally:

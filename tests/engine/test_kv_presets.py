@@ -27,6 +27,16 @@ def test_preset_builds_its_format(name):
         assert block_bytes / block_size == MEASURED_BLOCK_BYTES_PER_TOKEN[name]
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_the_gpu_preset_is_read_by_the_decode_kernel_at_any_head_dim(head_dim):
+    # with a scale group of 64 the Qwen3-30B-A3B shape (head_dim 128) fell to the PyTorch path on the H200:
+    # every decode step rebuilt every compressed block, and a Locust run finished one request in 120 s
+    from backend.kv_formats import make_format
+    kv_format, options = resolve_kv("alrkvd-gpu")
+    fmt = make_format(kv_format, 2, 4, head_dim, torch.float16, "cpu", 3, **options)
+    assert fmt.options["group"] == head_dim and fmt.kernels(max_rows=2) is not None
+
+
 def test_overrides_win_over_the_preset():
     kv_format, options = resolve_kv("alrkvd-6x", {"k_bits": "3"})
     assert kv_format == "alrkvd" and options["k_bits"] == "3" and options["block_size"] == 32
