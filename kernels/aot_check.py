@@ -18,8 +18,8 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels import (alrkvd_attention, alrkvd_compress, expert_copy, expert_slots, kivi_attention, paged_attention,
-                     trellis_viterbi)
+from kernels import (alrkvd_attention, alrkvd_compress, expert_copy, expert_slots, fused_moe, kivi_attention, norms,
+                     paged_attention, trellis_viterbi)
 
 
 def _usage(compiled) -> str:
@@ -120,6 +120,22 @@ def main() -> None:
         ("expert copy from host (bf16, 8192 a chunk)", expert_copy._copy_rows_kernel,
          dict(Src="bf16", Dst="bf16", Src_rows="i64", Dst_rows="i64", Valid="i1"), set(), dict(BLOCK=8192),
          dict(num_warps=8)),
+    ] + [  # the decode step's small kernels (Qwen3-30B-A3B: hidden 2048, 128 experts, top 8, 4 kv heads of 128)
+        ("rms norm summing 8 pairs, with residual", norms._rms_norm_kernel,
+         dict(X="bf16", Residual="bf16", W="bf16", Out="bf16", Sum="bf16"), {"eps"},
+         dict(PARTS=8, HAS_RESIDUAL=True, BLOCK_N=2048), dict(num_warps=8)),
+        ("moe align with routing counts (E=128)", fused_moe._moe_align_kernel,
+         dict(Ids="i64", Sorted="i32", Expert_ids="i32", Num_post_padded="i32", Counts="fp64", Pair_weights="fp64"),
+         set(), dict(E=128, BLOCK_E=128, BLOCK=64, FILL_BLOCK=1024, BLOCK_SIZE=16, HAS_COUNTS=True), dict(num_warps=4)),
+        ("fused moe, no slot map (down, M=16)", fused_moe._fused_moe_kernel,
+         dict(A="bf16", B="bf16", C="bf16", Topk_weights="bf16", Sorted_token_ids="i32", Expert_ids="i32",
+              Num_tokens_post_padded="i32", Slot_map="i32"), set(),
+         dict(TOP_K=1, HAS_SLOT_MAP=False, GLU=False, MUL_ROUTED_WEIGHT=True, DOT_DTYPE=tl.bfloat16,
+              PRECISION="tf32", BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1),
+         dict(num_warps=4, num_stages=4)),
+        ("store kv (4 heads of 128)", paged_attention._store_kv_kernel,
+         dict(K="bf16", V="bf16", K_dst="bf16", V_dst="bf16", Rows="i64", Offsets="i64"), set(),
+         dict(ROW=512, BLOCK=512), dict(num_warps=1)),
     ]
     del f32
     for name, fn, ptrs, floats, consts, opts in jobs:
