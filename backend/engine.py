@@ -206,6 +206,7 @@ class LLMEngine:
         self.cache = PagedKVCache(self.cfg, self.model.rotary, kv_format, a.kv_options, budget_bytes, max_num_seqs,
                                   self.model.embed_tokens.weight.dtype, a.device, a.attention_backend,
                                   a.kv_compress_stream, max_query_rows=graph_tokens)
+        self.model.rotate_values(self.cache.value_rotation)  # the values this cache stores: V, or V R
         self.graphs = None  # graphs hold the old cache's tensors: captured anew for this one
         if not a.enforce_eager and StepGraphs.supported(self.model, self.cache):
             self.graphs = StepGraphs(self.model, self.cache, max_num_seqs, self.max_model_len, graph_tokens)

@@ -98,6 +98,7 @@ def _block_bytes(kv_format: str, options: dict, cfg, dtype) -> tuple[int, int]:
     opts = dict(options)
     bs = int(opts.pop("block_size", cls.default_block_size))
     opts.pop("sink_tokens", None)  # the cache's, not the format's
+    opts.pop("rotate_values", None)
     probe = cls(num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=dtype,
                 device="meta", num_blocks=1, block_size=bs, **opts)
     return sum(t.numel() * t.element_size() for t in probe.tensors()), bs

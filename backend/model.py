@@ -135,6 +135,23 @@ class Attention(nn.Module):
         out = kv_cache.attend(self.layer_id, q, k, k_rot, v, batch)  # [T, Hq, D]
         return self.o_proj(out.reshape(T, -1))
 
+    @torch.no_grad()
+    def fold_value_rotation(self, c: torch.Tensor):
+        """Values become v @ c and o_proj takes c back (c orthogonal [D, D]): the layer's output is unchanged.
+        v = x W_v^T, so W_v <- c^T W_v per kv head (and its bias b @ c); each query head's output o becomes o c,
+        so W_o <- W_o c on its columns. Products in float32, rounded once to the weights' dtype."""
+        if isinstance(self.qkv_proj, FP16Linear) or isinstance(self.o_proj, FP16Linear):
+            raise ValueError("rotate_values folds into the projections' weights: not with weight_dtype=float16")
+        D, Hkv = self.head_dim, self.num_kv_heads
+        c = c.to(self.qkv_proj.weight.device, torch.float32)
+        w_v = self.qkv_proj.weight[-Hkv * D:]
+        w_v.copy_(torch.einsum("de,hdi->hei", c, w_v.float().view(Hkv, D, -1)).reshape(w_v.shape))
+        if self.qkv_proj.bias is not None:
+            b_v = self.qkv_proj.bias[-Hkv * D:]
+            b_v.copy_((b_v.float().view(Hkv, D) @ c).reshape(-1))
+        w_o = self.o_proj.weight
+        w_o.copy_((w_o.float().view(w_o.shape[0], -1, D) @ c).reshape(w_o.shape))
+
 
 class MLP(nn.Module):
     def __init__(self, hidden: int, inter: int):
@@ -323,6 +340,7 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary: Rotary | None = None
+        self.value_rotation = None  # the rotation folded into the value projections (`rotate_values`)
         self.seeded_routing = 0  # buckets of seeded routing; 0: learned routing
         self.route_stride = 7919
 
@@ -350,6 +368,20 @@ class Transformer(nn.Module):
                 m.predicted_routes = blurred.to(m.seeded_routes.device)
         self.seeded_routing = buckets
         self.route_stride = 7919 if locality is None else 1  # position -> bucket: scattered, or consecutive
+
+    def rotate_values(self, rotation: torch.Tensor | None):
+        """Fold an orthogonal `rotation` R [D, D] into every layer's value and output projections (None: none), so
+        that the KV cache holds V R while the model computes what it did (`Attention.fold_value_rotation`): after
+        a randomized Hadamard a value's entries are near-Gaussian, without outlier channels, and low-bit codes of
+        a token lose less (`rotate_values`, backend/kv_cache.py). Replaces any rotation folded before."""
+        old = self.value_rotation
+        if old is rotation:  # none, or the same constant (`rotation_matrix` returns one tensor per seed)
+            return
+        eye = torch.eye(self.cfg.head_dim, dtype=torch.float64)
+        change = (eye if old is None else old.double()).t() @ (eye if rotation is None else rotation.double())
+        for layer in self.layers:
+            layer.self_attn.fold_value_rotation(change)
+        self.value_rotation = rotation
 
     def setup_rotary(self, max_len: int):
         self.rotary = Rotary(self.cfg, max_len, self.embed_tokens.weight.device)

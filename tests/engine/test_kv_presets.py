@@ -27,12 +27,14 @@ def test_preset_builds_its_format(name):
         assert block_bytes / block_size == MEASURED_BLOCK_BYTES_PER_TOKEN[name]
 
 
+@pytest.mark.parametrize("name", ["alrkvd-gpu", "alrkvd-gpu-3.7x"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_the_gpu_preset_is_read_by_the_decode_kernel_at_any_head_dim(head_dim):
+def test_the_gpu_presets_are_read_by_the_decode_kernel_at_any_head_dim(name, head_dim):
     # with a scale group of 64 the Qwen3-30B-A3B shape (head_dim 128) fell to the PyTorch path on the H200:
     # every decode step rebuilt every compressed block, and a Locust run finished one request in 120 s
     from backend.kv_formats import make_format
-    kv_format, options = resolve_kv("alrkvd-gpu")
+    kv_format, options = resolve_kv(name)
+    options.pop("rotate_values", None)  # the cache's (backend/kv_cache.py), not the format's
     fmt = make_format(kv_format, 2, 4, head_dim, torch.float16, "cpu", 3, **options)
     assert fmt.options["group"] == head_dim and fmt.kernels(max_rows=2) is not None
 

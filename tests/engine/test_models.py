@@ -104,3 +104,28 @@ def test_greedy_equals_transformers_generate(checkpoint):
         fed = sum(map(len, prompts)) + len(prompts) * (params.max_tokens - 1)
         counts = engine.routing_counts()
         assert counts.sum(1).tolist() == [fed * engine.cfg.num_experts_per_tok] * len(counts)
+
+
+def test_values_rotated_into_the_cache_leave_the_logits(checkpoint):
+    """`rotate_values`: a Hadamard folded into the value and output projections; the cache stores V R (what a
+    low-bit value code reads better) and the model's logits stay transformers' (float32: equal up to rounding)."""
+    family, device, ref, engine = checkpoint
+    attn = engine.model.layers[0].self_attn
+    dev = attn.qkv_proj.weight.device
+    x = torch.randn(3, engine.cfg.hidden_size, generator=torch.Generator().manual_seed(2)).to(dev)
+    values = lambda: attn.qkv_proj(x)[:, -attn.num_kv_heads * attn.head_dim:].view(3, attn.num_kv_heads, -1)  # noqa: E731
+    plain, weights = values(), [p.clone() for p in engine.model.parameters()]
+    ids = torch.randint(0, 49152, (90,), generator=torch.Generator().manual_seed(3)).tolist()
+    with torch.no_grad():
+        expected = ref(torch.tensor([ids])).logits[0]
+    kv_format, budget = engine.args.kv_format, engine.args.kv_budget_bytes
+    engine.reset_cache(kv_format, {"rotate_values": True}, budget, engine.args.max_num_seqs)
+    try:
+        rotation = engine.cache.value_rotation.to(dev)
+        torch.testing.assert_close(values(), plain @ rotation, atol=1e-5, rtol=1e-5)
+        with kernels_on_cpu(device):
+            torch.testing.assert_close(engine.score(ids, chunk_size=40).cpu(), expected, atol=ATOL_FP32, rtol=1e-4)
+    finally:
+        engine.reset_cache(kv_format, {}, budget, engine.args.max_num_seqs)
+    for p, before in zip(engine.model.parameters(), weights):  # undone
+        torch.testing.assert_close(p, before, atol=1e-6, rtol=1e-6)
