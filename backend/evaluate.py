@@ -114,8 +114,9 @@ def load_engine(args, num_seqs: int = 1):
 
 
 def set_cache(eng, kv_format: str, options: dict, context: int, num_seqs: int = 1):
-    """Replace the engine's paged cache by one of ``kv_format`` whose budget holds ``num_seqs`` sequences of
-    ``context`` tokens (the real PagedKVCache: allocation, window slots, encode on block close)."""
+    """Replace the engine's paged cache by one of ``kv_format`` (or a preset) whose budget holds ``num_seqs``
+    sequences of ``context`` tokens (the real PagedKVCache: allocation, window slots, encode on block close)."""
+    kv_format, options = resolve_kv(kv_format, options)
     dtype = eng.model.embed_tokens.weight.dtype
     block_bytes, bs = _block_bytes(kv_format, options, eng.cfg, dtype)
     from backend.kv_cache import dense_kv_bytes

@@ -28,8 +28,9 @@ PRESETS: dict[str, KVPreset] = {
     "alrkvd-gpu-3.7x": KVPreset("alrkvd", {"block_size": 64, "k_bits": 4, "v_bits": 2, "rank_budget": 8,
                                            "key_frame": "rotated", "codebook": "uniform", "rotate": False,
                                            "basis_solver": "subspace", "rank_max": 16, "rotate_values": True},
-                                "3.68x at +2.25% / +2.78% / +2.38% on three texts; read by the fused GPU kernels: 2-bit "
-                                "values rotated by a Hadamard folded into the model's value and output projections"),
+                                "3.68x at +2.25% / +2.78% / +2.38% on three texts, but pass keys lost at 8k (0/2; fp16 "
+                                "and alrkvd-gpu 2/2); read by the fused GPU kernels: 2-bit values rotated by a "
+                                "Hadamard folded into the model's value and output projections"),
     "alrkvd-4.5x": KVPreset("alrkvd", {"block_size": 32, "k_bits": 3, "v_bits": 3, "rank_budget": 16, "key_weight": 16,
                                        "latent_bits": 3, "basis_bits": 4, "scale_bits": 8, "v_low_tokens": 25,
                                        "v_low_bits": 2, "codebook": "trellis", "trellis_state_bits": 12,

@@ -14,8 +14,7 @@
 #   source .device/setup.sh && bash loadtest/gpu_serving.sh "$OUT" [STEPS] [STEP_TIME] [MODELS] [TENANTS]
 # Long-context tenants (issue 36), fp16 against ALR-KVD at the same KV budget, prepared here with
 #   python -m server.dummy_repository --out reports/gpu_repository --name qwen3_30b_long_fp16 --kv-format fp16 \
-#     --kv-budget-gb 8 --max-model-len 40960 --max-num-seqs 64     (and _long_alrkvd with --kv-format alrkvd-gpu,
-#     or alrkvd-gpu-3.7x: 23% more tokens in the same budget, 2-bit values rotated into the weights)
+#     --kv-budget-gb 8 --max-model-len 40960 --max-num-seqs 64     (and _long_alrkvd with --kv-format alrkvd-gpu)
 # run there with TENANTS loadtest/tenants_long.yaml; `python -m loadtest.compare OUT/A OUT/B --out OUT/compare`
 # puts the runs side by side (sessions held at the SLO, goodput).
 set -u

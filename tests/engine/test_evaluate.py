@@ -68,6 +68,16 @@ def test_passkey_prompt(engine):
     assert text.index("48213") > len(text) // 4
 
 
+def test_the_harness_takes_a_preset_by_name(engine):
+    # quality_sweep and quality_passkey name presets too; alrkvd-gpu-3.7x folds its value rotation into the model
+    eng, _ = engine
+    evaluate.set_cache(eng, "alrkvd-gpu-3.7x", {"rank_budget": "16"}, 256)
+    o = eng.cache.format.options
+    assert (o["k_bits"], o["v_bits"], o["rank_budget"]) == (4, 2, 16) and eng.model.value_rotation is not None
+    evaluate.set_cache(eng, "full", {}, 256)
+    assert eng.model.value_rotation is None
+
+
 def test_perplexity_chunking_invariant_for_exact_format(engine):
     """'full' (the model dtype) is exact: feeding a window in chunks through the cache gives the same logits
     as feeding it at once."""
