@@ -92,18 +92,6 @@ def memoize_decode(fmt) -> None:
     fmt.encode, fmt.encode_blocks, fmt.decode, fmt.clear_decode_memo = encode, encode_blocks, decode, clear
 
 
-def _block_bytes(kv_format: str, options: dict, cfg, dtype) -> tuple[int, int]:
-    from backend.kv_formats import FORMATS
-    cls = FORMATS[kv_format]
-    opts = dict(options)
-    bs = int(opts.pop("block_size", cls.default_block_size))
-    opts.pop("sink_tokens", None)  # the cache's, not the format's
-    opts.pop("rotate_values", None)
-    probe = cls(num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=dtype,
-                device="meta", num_blocks=1, block_size=bs, **opts)
-    return sum(t.numel() * t.element_size() for t in probe.tensors()), bs
-
-
 def load_engine(args, num_seqs: int = 1):
     """The engine (model, tokenizer) with a placeholder cache; ``set_cache`` installs the format to measure."""
     from backend.engine import EngineArgs, LLMEngine
@@ -118,11 +106,12 @@ def set_cache(eng, kv_format: str, options: dict, context: int, num_seqs: int = 
     sequences of ``context`` tokens (the real PagedKVCache: allocation, window slots, encode on block close)."""
     kv_format, options = resolve_kv(kv_format, options)
     dtype = eng.model.embed_tokens.weight.dtype
-    block_bytes, bs = _block_bytes(kv_format, options, eng.cfg, dtype)
-    from backend.kv_cache import dense_kv_bytes
+    from backend.kv_cache import dense_kv_bytes, meta_format
+    probe = meta_format(eng.cfg, kv_format, options, dtype)
+    per_block, bs = probe.bytes_per_block(), probe.block_size
     slot = dense_kv_bytes(eng.cfg, bs + int(options.get("sink_tokens", 0)), dtype.itemsize)
     blocks = num_seqs * (-(-(context + 64) // bs) + 1) + 1  # + the cache's scratch block (and window slot)
-    budget = blocks * block_bytes + (num_seqs + 1) * slot + 1
+    budget = blocks * per_block + (num_seqs + 1) * slot + 1
     if eng.max_model_len < context:
         raise SystemExit(f"context {context} exceeds the model's {eng.max_model_len} positions")
     eng.reset_cache(kv_format, options, budget, num_seqs)

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from backend.experts import ExpertStore, _LayerExperts, cache_setup
 from kernels.expert_copy import copy_rows, copy_rows_ref
 from kernels.expert_slots import COUNTERS, place_experts, place_experts_ref
+from kernels.fused_moe import reduce_pairs
 
 
 class DeviceExpertCache:
@@ -132,7 +133,7 @@ class DeviceExpertCache:
                 if li + 1 < self.num_layers and self.prefetch_depth:
                     self._prefetch(li + 1, x)
             self._pass(x, weights, ids, self.run_out[0], pairs, scratch)
-        return pairs.view(T, k, -1).sum(1, dtype=torch.float32).to(x.dtype)
+        return reduce_pairs(pairs, k, x.dtype)
 
     def _pass_scratch(self, x, weights, ids):
         """What every pass of a layer shares (the fused kernel's pairs sorted by expert, its activations), or None

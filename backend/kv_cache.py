@@ -25,6 +25,18 @@ VALUE_ROTATION_SEED = 1234  # `rotate_values`: its randomized Hadamard's signs (
 # on WikiText-2 validation among six seeds (k4 v2, block 64: perplexity 14.23 against 14.30-14.39)
 
 
+CACHE_OPTIONS = ("block_size", "sink_tokens", "rotate_values")  # the cache's own options; the rest are its format's
+
+
+def meta_format(cfg: ModelConfig, kv_format: str, options: dict, dtype):
+    """The format of a cache of `kv_format` with `options` (the cache's own and its format's), one block on the meta
+    device (no memory): what a block holds and weighs (`bytes_per_block()`)."""
+    fmt_cls = FORMATS[kv_format]
+    return fmt_cls(num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=dtype,
+                   device="meta", num_blocks=1, block_size=int(options.get("block_size", fmt_cls.default_block_size)),
+                   **{k: v for k, v in options.items() if k not in CACHE_OPTIONS})
+
+
 def dense_kv_bytes(cfg: ModelConfig, tokens: int, itemsize: int) -> int:
     """Keys and values of `tokens` tokens of one sequence, every layer, at `itemsize` bytes an element."""
     return 2 * cfg.num_layers * tokens * cfg.num_kv_heads * cfg.head_dim * itemsize
@@ -97,9 +109,8 @@ class PagedKVCache:
         self.value_rotation = rotation_matrix(cfg.head_dim, VALUE_ROTATION_SEED) if rotate else None
         self.cfg, self.rotary, self.dtype, self.device = cfg, rotary, dtype, device
         shape = dict(num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=dtype)
-        # Bytes of one block, read off a format allocated on the meta device (no memory).
-        probe = fmt_cls(**shape, device="meta", num_blocks=1, block_size=self.block_size, **options)
-        self.block_bytes = sum(t.numel() * t.element_size() for t in probe.tensors())
+        probe = meta_format(cfg, kv_format, kv_options or {}, dtype)
+        self.block_bytes = probe.bytes_per_block()
         self.windowed, self.rope_on_read = fmt_cls.windowed, fmt_cls.rope_on_read
         # one more block (and window slot) than sequences can take: the scratch that a CUDA graph's padding
         # rows write into and read (backend/cuda_graphs.py), so a full cache still replays mixed steps

@@ -24,10 +24,9 @@ class FullFormat(KVFormat):
         self._alloc("v_cache", shp, self.store_dtype())
 
     def write(self, layer, block_ids, offsets, k, v):
-        b = self._ids(block_ids, self.device)
-        o = self._ids(offsets, self.device)
-        self.k_cache[layer, b, o] = k.to(self.k_cache.dtype)
-        self.v_cache[layer, b, o] = v.to(self.v_cache.dtype)
+        from kernels.paged_attention import store_kv_ref
+        store_kv_ref(k, v, self.k_cache[layer], self.v_cache[layer], self._ids(block_ids, self.device),
+                     self._ids(offsets, self.device))
 
     def decode(self, layer, block_ids):
         b = self._ids(block_ids, self.device)

@@ -1,5 +1,6 @@
 """Named KV presets: each builds its format, allocates the bytes its measured figures were taken with,
 and runs through `alrkvd-eval` by name (the output states the preset's options)."""
+import dataclasses
 import json
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from backend.config import ModelConfig
-from backend.evaluate import _block_bytes
+from backend.kv_cache import meta_format
 from backend.kv_presets import PRESETS, resolve_kv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,9 +23,9 @@ MEASURED_BLOCK_BYTES_PER_TOKEN = {"alrkvd-4.5x": 4721.25, "alrkvd-6x": 3457.5}
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_preset_builds_its_format(name):
     kv_format, options = resolve_kv(name)
-    block_bytes, block_size = _block_bytes(kv_format, options, SMOLLM2, torch.float32)
+    fmt = meta_format(SMOLLM2, kv_format, options, torch.float32)
     if name in MEASURED_BLOCK_BYTES_PER_TOKEN:
-        assert block_bytes / block_size == MEASURED_BLOCK_BYTES_PER_TOKEN[name]
+        assert fmt.bytes_per_block() / fmt.block_size == MEASURED_BLOCK_BYTES_PER_TOKEN[name]
 
 
 @pytest.mark.parametrize("name", ["alrkvd-gpu", "alrkvd-gpu-3.7x"])
@@ -32,10 +33,7 @@ def test_preset_builds_its_format(name):
 def test_the_gpu_presets_are_read_by_the_decode_kernel_at_any_head_dim(name, head_dim):
     # with a scale group of 64 the Qwen3-30B-A3B shape (head_dim 128) fell to the PyTorch path on the H200:
     # every decode step rebuilt every compressed block, and a Locust run finished one request in 120 s
-    from backend.kv_formats import make_format
-    kv_format, options = resolve_kv(name)
-    options.pop("rotate_values", None)  # the cache's (backend/kv_cache.py), not the format's
-    fmt = make_format(kv_format, 2, 4, head_dim, torch.float16, "cpu", 3, **options)
+    fmt = meta_format(dataclasses.replace(SMOLLM2, head_dim=head_dim), *resolve_kv(name), torch.float16)
     assert fmt.options["group"] == head_dim and fmt.kernels(max_rows=2) is not None
 
 
