@@ -266,8 +266,9 @@ class PagedKVCache:
             if in_window:
                 k = torch.cat([k, self.window_k[layer, seq.window_slot, :in_window]])
                 v = torch.cat([v, self.window_v[layer, seq.window_slot, :in_window]])
-        if self.rope_on_read:
-            k = self.rotary.apply(k, torch.arange(P, device=k.device))
+        if self.rope_on_read:  # positions 0..P-1: the tables' first rows, no gather
+            cos, signed_sin = (t[:P, None].to(k.dtype) for t in (self.rotary.cos, self.rotary.signed_sin))
+            k = self.rotary.rotate(k, cos, signed_sin)
         return k, v
 
     def write(self, layer: int, seq: SeqKV, k: torch.Tensor, v: torch.Tensor, received: torch.Tensor | None = None):
@@ -325,9 +326,10 @@ class PagedKVCache:
             mask = None
             if n > 1:  # query i sees the past and new tokens up to itself
                 mask = torch.ones(n, P + n, dtype=torch.bool, device=q.device).tril(diagonal=P)
-            o = F.scaled_dot_product_attention(q[start:start + n].transpose(0, 1), keys, values,
+            # a batch dim of 1: on the CPU, SDPA with enable_gqa takes its slow math path for 3-D inputs (5x)
+            o = F.scaled_dot_product_attention(q[start:start + n].transpose(0, 1)[None], keys[None], values[None],
                                                attn_mask=mask, enable_gqa=True)
-            out[start:start + n] = o.transpose(0, 1)
+            out[start:start + n] = o[0].transpose(0, 1)
             received = None
             if self.window_attn is not None:  # per kv head, the mean over its query heads, summed over queries
                 p = attention_probs(q[start:start + n], keys, mask)                    # [Hq, n, P + n]

@@ -4,7 +4,7 @@ On the CPU the PyTorch attention path decompresses a sequence's whole compressed
 this measures what that costs as the context grows, and which share of the step it is
 (time inside `PagedKVCache.read`). Batch 1, greedy, WikiText-2 text as the prompt.
 
-    python benchmarks/bench_cpu_context.py --out benchmarks/results/cpu_context_2026-12-04.json
+    python benchmarks/bench_cpu_context.py --out benchmarks/results/cpu_alrkvd_read_2026-12-05/cpu_context.json
 """
 from __future__ import annotations
 

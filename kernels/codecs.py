@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 __all__ = [
-    "pack_bits", "unpack_bits", "packed_len", "gauss_codebook", "GAUSS_SCALE_SEARCH", "quant_asym", "dequant_asym",
-    "kivi_dequantize",
+    "pack_bits", "unpack_bits", "packed_len", "byte_table", "unpack_levels", "gauss_codebook",
+    "GAUSS_SCALE_SEARCH", "quant_asym", "dequant_asym", "kivi_dequantize",
 ]
 
 
@@ -70,6 +70,24 @@ def unpack_bits(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
         out |= vals.reshape(*p.shape[:-1], n) << shift
         shift += w
     return out
+
+
+
+# A byte of a one-plane code (1, 2, 4 or 8 bits) holds 8 / bits codes: looking each byte up in a table of their levels
+# rebuilds them in one gather, where unpack_bits takes shifts, masks and a gather per code (the CPU decode path).
+
+def byte_table(levels: torch.Tensor, bits: int) -> torch.Tensor:
+    """[256, 8 // bits] float32: for each byte value, the levels of the one-plane codes it packs."""
+    assert _planes(bits) == [bits], "one-plane codes only: 1, 2, 4 or 8 bits"
+    per = 8 // bits
+    codes = (torch.arange(256)[:, None] >> (torch.arange(per) * bits)) & ((1 << bits) - 1)
+    return levels.float()[codes.to(levels.device)]
+
+
+def unpack_levels(packed: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """levels[unpack_bits(packed)] for one-plane codes, float32 [..., n]; `table` from `byte_table`."""
+    x = torch.nn.functional.embedding(packed.int(), table)          # [..., nb, per]: byte b's codes side by side
+    return x.transpose(-1, -2).flatten(-2)                             # a plane's runs: code p * nb + b at p, b
 
 
 # ----------------------------------------------------------------------------------------------------

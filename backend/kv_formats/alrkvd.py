@@ -12,7 +12,8 @@ from backend import trellis
 from backend.kv_formats.base import FormatKernels, KVFormat
 from backend.kv_formats.codecs import (LOG_SCALE_STEPS, dequant_scaled, log_scale_base, log_scale_code,
                                        log_scale_round, quant_scaled, rotation_matrix, subspace_eigh, to_bool)
-from kernels.codecs import dequant_asym, pack_bits, packed_len, quant_asym, unpack_bits
+from kernels.codecs import (byte_table, dequant_asym, gauss_codebook, pack_bits, packed_len, quant_asym, unpack_bits,
+                            unpack_levels)
 
 
 class ALRKVDFormat(KVFormat):
@@ -144,6 +145,12 @@ class ALRKVDFormat(KVFormat):
             self._alloc("exact_v", (n, H, D), torch.float16)
         self._rot = rotation_matrix(D, o["seed"]).to(self.device) if o["rotate"] else None
         self._rotary = None
+        self._byte_tables = {}  # the PyTorch decode's one-plane residual codes, rebuilt a byte at a time
+        for kv in "kv":
+            bits = o[f"{kv}_bits"]
+            if o["codebook"] != "trellis" and bits in (1, 2, 4, 8):
+                levels = gauss_codebook(bits) if o["codebook"] == "gauss" else torch.arange(1 << bits)
+                self._byte_tables[kv] = byte_table(levels, bits).to(self.device)
 
     def set_rotary(self, rotary) -> None:
         """The model's RoPE tables (an object with ``cos``/``sin`` [max_len, D], HF half-split layout), needed
@@ -164,11 +171,10 @@ class ALRKVDFormat(KVFormat):
     def _positions(self, start: int, n: int) -> torch.Tensor:
         return torch.arange(start, start + n, device=self.device)
 
-    def _unrotated_keys(self, E: torch.Tensor, start_pos: int) -> torch.Tensor:
-        """The key streams of E [n, T, 2H, D] (n consecutive blocks from ``start_pos``) taken back through RoPE."""
-        n, T, H = E.shape[0], E.shape[1], self.num_kv_heads
-        keys = E[:, :, :H].flatten(0, 1)
-        return self._rope(keys, self._positions(start_pos, n * T), inverse=True).unflatten(0, (n, T))
+    def _unrotated_keys(self, keys: torch.Tensor, start_pos: int) -> torch.Tensor:
+        """Keys [n, T, H, D] of n consecutive blocks from ``start_pos`` taken back through RoPE."""
+        n, T = keys.shape[:2]
+        return self._rope(keys.flatten(0, 1), self._positions(start_pos, n * T), inverse=True).unflatten(0, (n, T))
 
     def _raise_r(self):
         raise ValueError("rank_budget must be a multiple of 8 when latent_bits < 8")
@@ -248,17 +254,21 @@ class ALRKVDFormat(KVFormat):
         q, s, z = quant_asym(x, bits, dim=-1)
         return q.reshape(T, H, D), s[..., 0], z[..., 0], None
 
-    def _dequant_resid(self, q, s, z, bits, base=None, low=False):
+    def _dequant_resid(self, q, s, z, bits, base=None, low=False, levels=None):
+        """Residuals [..., D] from codes q, or from ``levels`` (the codes' levels already looked up: Lloyd-Max
+        levels, or uniform codes as floats), their scales s (and zeros z)."""
         g = self.options["group"]
-        shp = q.shape
-        q = q.reshape(*shp[:-1], shp[-1] // g, g)
+        shp = (q if levels is None else levels).shape
         if base is not None:                    # s: uint8 log codes [..., T, H, G], base [..., H]
             s = base.float()[..., None, :, None] * torch.exp2(-s.float() / LOG_SCALE_STEPS)
-        if z is None:
-            x = dequant_scaled(q, s[..., None], bits, self.options["codebook"],
+        if levels is not None:
+            x = levels.reshape(*shp[:-1], shp[-1] // g, g) * s[..., None].float()
+            x = x if z is None else x + z[..., None].float()
+        elif z is None:
+            x = dequant_scaled(q.reshape(*shp[:-1], shp[-1] // g, g), s[..., None], bits, self.options["codebook"],
                                None if low else self.options["trellis_state_bits"])
         else:
-            x = dequant_asym(q, s[..., None], z[..., None])
+            x = dequant_asym(q.reshape(*shp[:-1], shp[-1] // g, g), s[..., None], z[..., None])
         return x.reshape(shp)
 
     def _svd(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -449,6 +459,20 @@ class ALRKVDFormat(KVFormat):
         x = torch.cat(parts, dim=1)
         return torch.empty_like(x).scatter_(1, order[..., None].expand_as(x), x)
 
+    def _residual(self, layer, ids, kv: str) -> torch.Tensor:
+        """Dequantized key or value (``kv``) residuals [n, T, H, D] of blocks ``ids``, rotated frame."""
+        o = self.options
+        bits = o[f"{kv}_bits"]
+        if kv == "v" and o["v_low_tokens"]:
+            return self._decode_values(layer, ids)
+        codes = getattr(self, f"{kv}_resid")[layer, ids]
+        s = getattr(self, f"{kv}_rscale")[layer, ids]
+        z = getattr(self, f"{kv}_rzero")[layer, ids] if o["codebook"] == "uniform" else None
+        base = getattr(self, f"{kv}_rbase")[layer, ids] if o["scale_bits"] == 8 else None
+        if kv not in self._byte_tables:
+            return self._dequant_resid(unpack_bits(codes, bits, self.head_dim), s, z, bits, base)
+        return self._dequant_resid(None, s, z, bits, base, levels=unpack_levels(codes, self._byte_tables[kv]))
+
     def decode(self, layer, block_ids, start_pos: int = 0):
         """Keys before RoPE and values of the listed blocks; with ``key_frame=post_rope`` or ``rotated`` the blocks
         are taken as consecutive from position ``start_pos`` (the cache decodes a sequence's table from its start)."""
@@ -457,16 +481,14 @@ class ALRKVDFormat(KVFormat):
         n = ids.numel()
         T, H, D = self.block_size, self.num_kv_heads, self.head_dim
         R = o["rank_budget"]
-        uni = o["codebook"] == "uniform"
-        q = unpack_bits(self.k_resid[layer, ids], o["k_bits"], D)                      # [n, T, H, D]
-        z = self.k_rzero[layer, ids] if uni else None
-        base = self.k_rbase[layer, ids] if o["scale_bits"] == 8 else None
-        ek = self._dequant_resid(q, self.k_rscale[layer, ids], z, o["k_bits"], base)
-        E = torch.cat([ek, self._decode_values(layer, ids)], dim=2)                    # [n, T, 2H, D]
-        if self._rot is not None:
-            E = E @ self._rot.t()
+        E = torch.empty(2, n, T, H, D, device=self.device)                             # keys, values
+        for i, kv in enumerate("kv"):
+            if self._rot is not None:
+                torch.matmul(self._residual(layer, ids, kv), self._rot.t(), out=E[i])
+            else:
+                E[i] = self._residual(layer, ids, kv)
         if o["key_frame"] == "post_rope" and n:     # the key residual only
-            E = torch.cat([self._unrotated_keys(E, start_pos), E[:, :, H:]], dim=2)
+            E[0] = self._unrotated_keys(E[0], start_pos)
         if R > 0:
             bb = o["basis_bits"]
             if bb == 8:
@@ -478,23 +500,21 @@ class ALRKVDFormat(KVFormat):
             lq = unpack_bits(self.latent[layer, ids], o["latent_bits"], R)             # [n, T, R]
             lat = dequant_asym(lq, self.latent_scale[layer, ids][:, None], self.latent_zero[layer, ids][:, None])
             ranks = self.ranks[layer, ids].long()                                      # [n, 2H]
-            # one-hot owner matrix per block: M[n, R, 2H]
+            # each basis row placed in its stream's columns: Bs[n, r, (s, d)] = B[n, r, d] if row r is stream s's
             ends = ranks.cumsum(-1)
-            starts = ends - ranks
             r = torch.arange(R, device=self.device)[None, :, None]
-            M = ((r >= starts[:, None, :]) & (r < ends[:, None, :])).float()
-            # rec[n, T, s, D] = sum_r lat[n,T,r] * M[n,r,s] * B[n,r,D]
-            E = E + torch.einsum("ntr,nrs,nrd->ntsd", lat, M, B)
+            owner = ((r >= (ends - ranks)[:, None, :]) & (r < ends[:, None, :])).float()   # [n, R, 2H]
+            Bs = (owner[..., None] * B[:, :, None, :]).view(n, R, 2, H * D)
+            for i in range(2):
+                E[i].view(n, T, H * D).baddbmm_(lat, Bs[:, :, i])
         if o["key_frame"] == "rotated" and n:       # the whole key
-            E[:, :, :H] = self._unrotated_keys(E, start_pos)
+            E[0] = self._unrotated_keys(E[0], start_pos)
         if o["exact_tokens"]:
             idx = self.exact_idx[layer, ids].long()                                    # [n, e]
             bidx = torch.arange(n, device=self.device)[:, None].expand_as(idx)
-            E[bidx, idx, :H] = self.exact_k[layer, ids].float()
-            E[bidx, idx, H:] = self.exact_v[layer, ids].float()
-        k = E[:, :, :H].reshape(n * T, H, D)
-        v = E[:, :, H:].reshape(n * T, H, D)
-        return k.to(self.dtype), v.to(self.dtype)
+            E[0][bidx, idx] = self.exact_k[layer, ids].float()
+            E[1][bidx, idx] = self.exact_v[layer, ids].float()
+        return E[0].view(n * T, H, D).to(self.dtype), E[1].view(n * T, H, D).to(self.dtype)
 
     def key_scores(self, layer: int, block_id: int, q: torch.Tensor, start_pos: int | None = None) -> torch.Tensor:
         """Reference for fused kernels: q . k_hat for every token of one block, computed in the compressed

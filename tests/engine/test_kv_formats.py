@@ -3,6 +3,7 @@ attention through the paged cache over compressed blocks, per-head ranks, memory
 independence of segments (basis refresh never touches older blocks)."""
 from __future__ import annotations
 
+import copy
 import math
 import os
 
@@ -11,6 +12,7 @@ import torch
 
 from backend.kv_formats import (FORMATS, ALRKVDFormat, gauss_codebook, make_format, pack_bits, packed_len,
                                 rotation_matrix, unpack_bits)
+from kernels.codecs import byte_table, unpack_levels
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WIKITEXT = os.path.join(REPO, "data", "wikitext-2-raw", "wiki.test.raw")
@@ -57,6 +59,35 @@ def test_pack_layout_is_documented_one():
     assert p[0] == low[0] | low[2] << 2 | low[4] << 4 | low[6] << 6
     assert p[1] == low[1] | low[3] << 2 | low[5] << 4 | low[7] << 6
     assert p[2] == sum(h << i for i, h in enumerate(high))
+
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_a_byte_table_gives_the_levels_of_the_codes(bits):
+    """The CPU decode looks each byte up once (`unpack_levels`): the same as unpacking, then a level per code."""
+    c = torch.randint(0, 1 << bits, (5, 3, 64), generator=torch.Generator().manual_seed(bits))
+    levels = torch.randn(1 << bits)
+    assert torch.equal(unpack_levels(pack_bits(c, bits), byte_table(levels, bits)), levels[c])
+
+
+@pytest.mark.parametrize("opts", [dict(k_bits=4, v_bits=2, scale_bits=8, latent_bits=4, basis_bits=4),
+                                  dict(k_bits=2, v_bits=4, codebook="uniform", group=16, rotate=False),
+                                  dict(k_bits=3, v_bits=8, codebook="uniform", key_frame="rotated"),
+                                  dict(k_bits=4, v_bits=4, v_low_tokens=16, v_low_bits=2, exact_tokens=2)])
+def test_alrkvd_decode_by_byte_tables_is_the_code_by_code_decode(opts):
+    """Residual codes of 1, 2, 4 or 8 bits decode through byte tables; the result is bit for bit the code-by-code
+    path's (which other widths, trellis codes and low-bit values keep), so no quality figure moves."""
+    fast = make_format("alrkvd", L, H, D, torch.float32, "cpu", 3, block_size=64, **opts)
+    assert fast._byte_tables
+    g = torch.Generator().manual_seed(0)
+    fast.set_rotary(_rotary())
+    for b in range(3):
+        k, v = torch.randn(64, H, D, generator=g), torch.randn(64, H, D, generator=g)
+        fast.encode(1, b, k, v, start_pos=64 * b, saliency=torch.rand(64, H, generator=g))
+    slow = copy.copy(fast)
+    slow._byte_tables = {}
+    for a, b in zip(fast.decode(1, [0, 1, 2]), slow.decode(1, [0, 1, 2])):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("bits", [1, 2, 3, 4])

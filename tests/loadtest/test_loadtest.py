@@ -484,7 +484,7 @@ def test_shared_prompt_key_and_kv_benchmark_repository(tmp_path):
 
     cfg = load_tenants(REPO / "loadtest" / "tenants_kv.yaml")
     fp16, alrkvd = cfg.tenants
-    assert (fp16.model, alrkvd.model) == ("smollm2_fp16", "smollm2_alrkvd")
+    assert (fp16.model, alrkvd.model) == ("smollm2_fp16", "smollm2_alrkvd-cpu")  # the served preset
     assert [fp16.request(k) for k in range(10)] == [alrkvd.request(k) for k in range(10)]
     base = (REPO / "model_repository" / "smollm2" / "config.pbtxt").read_text()
     text = variant_config(base, "smollm2_alrkvd", "alrkvd")
@@ -493,8 +493,8 @@ def test_shared_prompt_key_and_kv_benchmark_repository(tmp_path):
     assert len(text.splitlines()) == len(base.splitlines())
     for line, unchanged in zip(text.splitlines(), same):  # only the name and kv_format lines differ
         assert unchanged or line.startswith("name:") or '"kv_format"' in line, line
-    repo = build_repository(["smollm2_fp16", "smollm2_alrkvd"], tmp_path)
-    for m in ("smollm2_fp16", "smollm2_alrkvd"):
+    repo = build_repository(["smollm2_fp16", "smollm2_alrkvd-cpu"], tmp_path)
+    for m in ("smollm2_fp16", "smollm2_alrkvd-cpu"):
         assert (repo / m / "1" / "model.py").is_file()
         assert f'name: "{m}"' in (repo / m / "config.pbtxt").read_text()
     with pytest.raises(SystemExit):
