@@ -168,6 +168,9 @@ class PagedKVCache:
                     self.compress = self._compress_kernel
                     if compress_stream:  # blocks filled by decode steps: compressed behind the attention
                         self.compress_stream = torch.cuda.Stream(device)
+        # a windowed format's decode steps on the PyTorch path read every sequence at once (`_attend_windows`), but
+        # a sink or saliency only sequence by sequence
+        self.windows_at_once = not self.sink_tokens and self.window_attn is None
 
     def _encode_blocks(self, blocks: list[tuple[int, int, int, torch.Tensor, torch.Tensor]]):
         """Compress full blocks, each (layer, block id, first position, k [T, H, D], v), with the format's encode.
@@ -236,7 +239,7 @@ class PagedKVCache:
         a decode step (or a graph's prompt chunk) filled, read from the window during the step, are compressed,
         every layer's."""
         meta = batch.decode_meta
-        if meta is not None and self.windowed and self.decode_kernel is not None:
+        if meta is not None and self.windowed:
             for i, pos in meta["closing"]:
                 seq = batch.seqs[i]
                 start = pos + 1 - self.block_size
@@ -309,11 +312,13 @@ class PagedKVCache:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, k_rot: torch.Tensor, v: torch.Tensor,
                batch: AttentionBatch) -> torch.Tensor:
         """q [T, Hq, D] (rotated), k / k_rot [T, Hkv, D] before / after RoPE, v. Returns [T, Hq, D].
-        Decode-only steps attend for all sequences at once (page-addressed formats; windowed ones when
-        a decode kernel reads them); prefill chunks and the rest go sequence by sequence."""
+        Decode-only steps attend for all sequences at once; prefill chunks and the rest go sequence by sequence,
+        as does a windowed format on the PyTorch path with one sequence (no padding, no mask) or `windows_at_once`
+        off."""
         k_store = k if self.rope_on_read else k_rot  # what the format keeps
         decode_only = all(n == 1 for n in batch.query_lens)
-        if batch.decode_meta is not None or (decode_only and (not self.windowed or self.decode_kernel is not None)):
+        one_by_one = self.windowed and self.decode_kernel is None and (len(batch.seqs) == 1 or not self.windows_at_once)
+        if batch.decode_meta is not None or (decode_only and not one_by_one):
             return self._attend_decode(layer, q, k_store, k_rot, v, batch)
         out = torch.empty_like(q)
         start = 0
@@ -409,9 +414,55 @@ class PagedKVCache:
         real_rows = len(pos) - pad_rows  # (sequence, position) of the rows whose token fills a block
         meta["closing"] = [(s, p) for s, p in zip(seq_of_row[:real_rows].tolist(), pos[:real_rows].tolist())
                            if (p + 1) % bs == 0]
-        if self.decode_kernel is None:  # the PyTorch path pads every sequence to the longest: mask [B, 1, 1, width * bs]
+        if self.decode_kernel is None and not self.windowed:  # the PyTorch path pads every sequence to the longest
             meta["mask"] = (torch.arange(width * bs) <= pos[:, None]).view(len(pos), 1, 1, -1).to(dev)
+        elif self.decode_kernel is None:
+            meta.update(self._window_plan(batch.seqs))
         return meta
+
+    def _window_plan(self, seqs: list[SeqKV]) -> dict:
+        """How a windowed format's PyTorch decode step reads every sequence at once (`_attend_windows`): the
+        compressed blocks of all of them decoded in one call, each placed in a [B, W + 1] grid of blocks (W: the
+        most a sequence has; block W: its window, which holds the step's token), with each place's position (RoPE)
+        and whether it is a token of the sequence."""
+        bs, dev = self.block_size, self.device
+        closed = [s.num_tokens // bs for s in seqs]  # the blocks before the one the step's token goes into
+        W = max(closed)
+        ids = [b for s, c in zip(seqs, closed) for b in s.block_table[:c]]
+        grid_rows = [i * (W + 1) + j for i, c in enumerate(closed) for j in range(c)]
+        first = torch.tensor(closed)[:, None] * bs      # a window's first position
+        place = torch.arange((W + 1) * bs)
+        positions = torch.where(place < W * bs, place, first + place - W * bs)
+        tokens = torch.tensor([s.num_tokens + 1 for s in seqs])[:, None]
+        valid = torch.where(place < W * bs, place < first, positions < tokens)
+        return {"closed_ids": torch.tensor(ids, dtype=torch.long), "closed_starts": torch.tensor(
+                    [j * bs for c in closed for j in range(c)], dtype=torch.long, device=dev),
+                "grid_rows": torch.tensor(grid_rows, dtype=torch.long, device=dev),
+                "positions": positions.to(dev), "valid": valid.view(len(seqs), 1, 1, -1).to(dev)}
+
+    def _attend_windows(self, layer: int, q: torch.Tensor, meta: dict) -> torch.Tensor:
+        """A windowed format's decode step on the PyTorch path (the step's keys already in the windows): every
+        sequence's compressed blocks decoded in one call, padded beside its window, one masked SDPA."""
+        B, H, D, bs = q.shape[0], self.cfg.num_kv_heads, self.cfg.head_dim, self.block_size
+        W = meta["positions"].shape[1] // bs - 1
+        padded = meta["grid_rows"].numel() < B * W  # places no token fills: zeros (masked, but never NaN)
+        grid = [(torch.zeros if padded else torch.empty)(B * (W + 1), bs, H, D, dtype=self.dtype, device=self.device)
+                for _ in range(2)]
+        if W:
+            decoded = self.format.decode(layer, meta["closed_ids"], start_pos=meta["closed_starts"])
+            for g, x in zip(grid, decoded):
+                g[meta["grid_rows"]] = x.view(-1, bs, H, D)
+        slots = meta["window_rows"]
+        keys, values = (g.view(B, W + 1, bs, H, D) for g in grid)
+        keys[:, W], values[:, W] = self.window_k[layer, slots], self.window_v[layer, slots]
+        keys, values = keys.view(B, -1, H, D), values.view(B, -1, H, D)
+        if self.rope_on_read:
+            pos = meta["positions"]
+            keys = self.rotary.rotate(keys, self.rotary.cos[pos][:, :, None].to(keys.dtype),
+                                      self.rotary.signed_sin[pos][:, :, None].to(keys.dtype))
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
+                                           attn_mask=meta["valid"], enable_gqa=True)
+        return o.squeeze(2)
 
     def decode_buffers(self, max_rows: int, max_len: int, max_tiles: int = 0) -> dict:
         """Static device buffers for `build_decode_meta` of up to `max_rows` query rows (and sequences) of up to
@@ -433,6 +484,8 @@ class PagedKVCache:
             # blocks this step fills are read from the window and compressed at commit (all layers at once)
             self.wait_compressed()
             self.store_kv(k_store, v, self.window_k[layer], self.window_v[layer], *meta["window_index"])
+            if self.decode_kernel is None:
+                return self._attend_windows(layer, q, meta)
             rope = (self.rotary.cos, self.rotary.sin) if self.rope_on_read else ()  # keys kept before RoPE
             return self.decode_kernel(q, self.kernel_layers[layer], self.window_k[layer], self.window_v[layer],
                                       meta["tables"], meta["seq_lens"], meta["window_slots"], *rope, scale)

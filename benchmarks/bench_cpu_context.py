@@ -1,10 +1,12 @@
-"""CPU decode step time against context length, the served SmolLM2 config, ALR-KVD against fp16 KV.
+"""CPU decode step time against context length and batch, the served SmolLM2 config, ALR-KVD against fp16 KV.
 
 On the CPU the PyTorch attention path decompresses a sequence's whole compressed history every step;
-this measures what that costs as the context grows, and which share of the step it is
-(time inside `PagedKVCache.read`). Batch 1, greedy, WikiText-2 text as the prompt.
+this measures what that costs as the context and the batch grow, and which share of the step it is
+(time inside the format's `decode`). Greedy, WikiText-2 text as the prompts (a different stretch per sequence).
 
     python benchmarks/bench_cpu_context.py --out benchmarks/results/cpu_alrkvd_read_2026-12-05/cpu_context.json
+    python benchmarks/bench_cpu_context.py --batches 4,8 --contexts 300 \
+        --out benchmarks/results/cpu_alrkvd_read_2026-12-05/cpu_batches.json
 """
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from backend.engine import EngineArgs, LLMEngine  # noqa: E402
-from backend.kv_cache import PagedKVCache  # noqa: E402
 from backend.sampling import SamplingParams  # noqa: E402
 
 # model_repository/smollm2/config.pbtxt's preset
@@ -27,20 +28,24 @@ SERVED_ALRKVD = {"block_size": 64, "k_bits": 4, "v_bits": 4, "rank_budget": 8, "
 TEXT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data/wikitext-2-raw/wiki.test.raw")
 
 
-def measure(engine, ids, context, steps, read_time):
-    rid = f"ctx{context}"
-    engine.add_request(None, SamplingParams(max_tokens=steps + 2, temperature=0, ignore_eos=True),
-                       request_id=rid, prompt_ids=ids[:context])
-    while engine.requests[rid].output_ids == []:  # prefill, first token
+def measure(engine, ids, context, steps, decode_time, batch=1):
+    """Median step time (ms) and share inside the format's decode of `steps` decode steps of `batch` sequences with
+    `context` tokens each (different text)."""
+    rids = [f"ctx{context}-{i}" for i in range(batch)]
+    for i, rid in enumerate(rids):
+        engine.add_request(None, SamplingParams(max_tokens=steps + 2, temperature=0, ignore_eos=True),
+                           request_id=rid, prompt_ids=ids[i * context:(i + 1) * context])
+    while any(engine.requests[rid].output_ids == [] for rid in rids):  # prefill, first tokens
         engine.step()
     times, reads = [], []
     for _ in range(steps):
-        read_time[0] = 0.0
+        decode_time[0] = 0.0
         t = time.perf_counter()
         engine.step()
         times.append(time.perf_counter() - t)
-        reads.append(read_time[0])
-    engine.abort(rid)
+        reads.append(decode_time[0])
+    for rid in rids:
+        engine.abort(rid)
     return statistics.median(times) * 1e3, statistics.median(r / t for r, t in zip(reads, times))
 
 
@@ -48,34 +53,40 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--contexts", default="128,512,1024,1920")
     ap.add_argument("--formats", default="alrkvd,fp16")
+    ap.add_argument("--batches", default="1", help="sequences decoding together, each of the context's length")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--out")
     a = ap.parse_args()
-    read_time = [0.0]
-    read = PagedKVCache.read
+    decode_time = [0.0]
 
-    def timed_read(self, *args, **kwargs):
-        t = time.perf_counter()
-        try:
-            return read(self, *args, **kwargs)
-        finally:
-            read_time[0] += time.perf_counter() - t
+    def timed(decode):
+        def wrapper(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return decode(*args, **kwargs)
+            finally:
+                decode_time[0] += time.perf_counter() - t
+        return wrapper
 
-    PagedKVCache.read = timed_read
     rows = []
     for fmt in a.formats.split(","):
         engine = LLMEngine(EngineArgs(model="default", weight_dtype="float16", kv_format=fmt,
                                       kv_options=SERVED_ALRKVD if fmt == "alrkvd" else {}, kv_budget_bytes=128 << 20,
                                       max_model_len=2048, max_num_seqs=8))
-        ids = engine.tokenizer.encode(open(TEXT).read()[:40000])
-        measure(engine, ids, 64, 2, read_time)  # warm-up
-        for ctx in map(int, a.contexts.split(",")):
-            ms, share = measure(engine, ids, ctx, a.steps, read_time)
-            rows.append({"format": fmt, "context": ctx, "step_ms": round(ms, 1), "read_share": round(share, 3)})
-            print(f"{fmt:7s} context {ctx:5d}: {ms:7.1f} ms a step, {share:.0%} of it reading the KV cache", flush=True)
+        engine.cache.format.decode = timed(engine.cache.format.decode)  # the rebuild of stored blocks
+        ids = engine.tokenizer.encode(open(TEXT).read()[:200000])
+        measure(engine, ids, 64, 2, decode_time)  # warm-up
+        for batch in map(int, a.batches.split(",")):
+            for ctx in map(int, a.contexts.split(",")):
+                ms, share = measure(engine, ids, ctx, a.steps, decode_time, batch)
+                rows.append({"format": fmt, "batch": batch, "context": ctx, "step_ms": round(ms, 1),
+                             "decode_share": round(share, 3)})
+                print(f"{fmt:7s} batch {batch} context {ctx:5d}: {ms:7.1f} ms a step, {share:.0%} of it rebuilding "
+                      "stored blocks", flush=True)
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"date": time.strftime("%Y-%m-%d"), "machine": "CPU", "steps": a.steps, "rows": rows}, f, indent=1)
+            json.dump({"date": time.strftime("%Y-%m-%d"), "machine": "CPU", "steps": a.steps, "rows": rows}, f,
+                      indent=1)
 
 
 if __name__ == "__main__":

@@ -171,10 +171,14 @@ class ALRKVDFormat(KVFormat):
     def _positions(self, start: int, n: int) -> torch.Tensor:
         return torch.arange(start, start + n, device=self.device)
 
-    def _unrotated_keys(self, keys: torch.Tensor, start_pos: int) -> torch.Tensor:
-        """Keys [n, T, H, D] of n consecutive blocks from ``start_pos`` taken back through RoPE."""
+    def _unrotated_keys(self, keys: torch.Tensor, start_pos) -> torch.Tensor:
+        """Keys [n, T, H, D] of n blocks taken back through RoPE: consecutive from ``start_pos``, or from each
+        block's first position (a tensor [n])."""
         n, T = keys.shape[:2]
-        return self._rope(keys.flatten(0, 1), self._positions(start_pos, n * T), inverse=True).unflatten(0, (n, T))
+        starts = (start_pos.to(self.device) if torch.is_tensor(start_pos)
+                  else start_pos + T * torch.arange(n, device=self.device))
+        positions = (starts[:, None] + torch.arange(T, device=self.device)).flatten()
+        return self._rope(keys.flatten(0, 1), positions, inverse=True).unflatten(0, (n, T))
 
     def _raise_r(self):
         raise ValueError("rank_budget must be a multiple of 8 when latent_bits < 8")
@@ -473,9 +477,10 @@ class ALRKVDFormat(KVFormat):
             return self._dequant_resid(unpack_bits(codes, bits, self.head_dim), s, z, bits, base)
         return self._dequant_resid(None, s, z, bits, base, levels=unpack_levels(codes, self._byte_tables[kv]))
 
-    def decode(self, layer, block_ids, start_pos: int = 0):
+    def decode(self, layer, block_ids, start_pos=0):
         """Keys before RoPE and values of the listed blocks; with ``key_frame=post_rope`` or ``rotated`` the blocks
-        are taken as consecutive from position ``start_pos`` (the cache decodes a sequence's table from its start)."""
+        are taken as consecutive from position ``start_pos`` (the cache decodes a sequence's table from its start),
+        or from each block's own first position (``start_pos`` a tensor [n]: blocks of several sequences)."""
         o = self.options
         ids = self._ids(block_ids, self.device)
         n = ids.numel()

@@ -127,9 +127,10 @@ class KVFormat:
         for layer, block_id, start, k, v, *saliency in blocks:
             self.encode(layer, block_id, k, v, start_pos=start, **({"saliency": saliency[0]} if saliency else {}))
 
-    def decode(self, layer: int, block_ids) -> tuple[torch.Tensor, torch.Tensor]:
+    def decode(self, layer: int, block_ids, start_pos=0) -> tuple[torch.Tensor, torch.Tensor]:
         """Reconstruction of the listed blocks, in order: (k, v) each [n * block_size, H, D] in the model
-        dtype (keys before RoPE when ``rope_on_read``)."""
+        dtype (keys before RoPE when ``rope_on_read``). ``start_pos``: the first block's position (the rest follow
+        it), or each block's (a tensor [n]), for formats that store keys in a position's frame; others ignore it."""
         raise NotImplementedError
 
     def roundtrip(self, k: torch.Tensor, v: torch.Tensor, layer: int = 0, block_id: int = 0, **kw):

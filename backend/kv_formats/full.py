@@ -28,7 +28,7 @@ class FullFormat(KVFormat):
         store_kv_ref(k, v, self.k_cache[layer], self.v_cache[layer], self._ids(block_ids, self.device),
                      self._ids(offsets, self.device))
 
-    def decode(self, layer, block_ids):
+    def decode(self, layer, block_ids, start_pos=0):
         b = self._ids(block_ids, self.device)
         H, D = self.num_kv_heads, self.head_dim
         return (self.k_cache[layer, b].reshape(-1, H, D).to(self.dtype),

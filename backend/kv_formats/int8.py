@@ -37,7 +37,7 @@ class Int8Format(KVFormat):
         self.v_q[layer, b, o] = vq
         self.v_scale[layer, b, o] = vs
 
-    def decode(self, layer, block_ids):
+    def decode(self, layer, block_ids, start_pos=0):
         b = self._ids(block_ids, self.device)
         H, D = self.num_kv_heads, self.head_dim
         k = self.k_q[layer, b].float() * self.k_scale[layer, b].float()[..., None]

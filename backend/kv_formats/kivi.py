@@ -57,7 +57,7 @@ class KIVIFormat(KVFormat):
         self.v_codes[at] = pack_bits(q.reshape(n, T, H, D), b)
         self.v_scale[at], self.v_zero[at] = s[..., 0], z[..., 0]
 
-    def decode(self, layer, block_ids):
+    def decode(self, layer, block_ids, start_pos=0):
         ids = self._ids(block_ids, self.device)
         k, v = self.dequantize(*(getattr(self, name)[layer, ids] for name in
                                  ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero")),

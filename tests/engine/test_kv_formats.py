@@ -342,14 +342,14 @@ def test_ranks_vary_per_head_on_real_data(smollm2_kv):
 # attention through the paged cache matches attention over the reconstruction
 # ---------------------------------------------------------------------------------------------------
 
-def _cache(name, opts, budget=64 << 20):
+def _cache(name, opts, budget=64 << 20, max_num_seqs=2):
     from backend.config import ModelConfig
     from backend.kv_cache import PagedKVCache
     from backend.model import Rotary
     cfg = ModelConfig(model_type="llama", vocab_size=10, hidden_size=H * D * 2, num_layers=L, num_heads=2 * H,
                       num_kv_heads=H, head_dim=D, intermediate_size=8, rope_theta=10000.0)
     rot = Rotary(cfg, 4096, "cpu")
-    return PagedKVCache(cfg, rot, name, dict(opts), budget, 2, torch.float32, "cpu"), rot
+    return PagedKVCache(cfg, rot, name, dict(opts), budget, max_num_seqs, torch.float32, "cpu"), rot
 
 
 @pytest.mark.parametrize("name,opts", [("fp16", {}), ("int8", {}), ("kivi2", {}), ("kivi4", {}),
@@ -404,6 +404,47 @@ def test_cache_attention_matches_reconstruction(name, opts):
     assert seq.num_tokens == N
     if cache.windowed:
         assert len(seq.block_table) == 3 and seq.window_slot is not None
+
+
+@pytest.mark.parametrize("name,opts", [("alrkvd", {}), ("alrkvd", {"key_frame": "rotated", "codebook": "uniform"}),
+                                       ("alrkvd", {"key_frame": "post_rope", "scale_bits": "8"}), ("kivi2", {})])
+def test_a_decode_step_reads_every_window_at_once_as_sequence_by_sequence(name, opts):
+    """A windowed format's decode step on the PyTorch path reads all sequences in one call (their compressed blocks
+    decoded together beside their windows, one masked SDPA): the outputs of reading them one by one, and the same
+    blocks compressed (at commit instead of at the layer), over steps where sequences close blocks."""
+    from backend.kv_cache import AttentionBatch, SeqKV
+    opts = {"block_size": "32", **opts}
+    (fast, rot), (slow, _) = (_cache(name, opts, max_num_seqs=3) for _ in range(2))
+    slow.windows_at_once = False
+    assert fast.windows_at_once
+    lengths, steps = [5, 30, 70], 4            # the second closes its first block at step 2, the first has none
+    g = torch.Generator().manual_seed(3)
+    data = [(torch.randn(n + steps, H, D, generator=g) * 2, torch.randn(n + steps, H, D, generator=g),
+             torch.randn(n + steps, 2 * H, D, generator=g)) for n in lengths]
+    seqs = {id(c): [SeqKV() for _ in lengths] for c in (fast, slow)}
+
+    def attend(cache, batch, rows):  # rows: (sequence, position) of each query row, in order
+        k, v, q = (torch.stack([data[i][j][p] for i, p in rows]) for j in range(3))
+        pos = torch.tensor([p for _, p in rows])
+        outs = [cache.attend(layer, rot.apply(q, pos), k, rot.apply(k, pos), v, batch) for layer in range(L)]
+        cache.commit(batch)
+        return torch.stack(outs)
+
+    for cache in (fast, slow):
+        for i, (seq, n) in enumerate(zip(seqs[id(cache)], lengths)):  # prompts, one by one
+            cache.allocate(seq, n)
+            attend(cache, AttentionBatch([seq], [n]), [(i, p) for p in range(n)])
+    for step in range(steps):
+        outs = []
+        for cache in (fast, slow):
+            for seq in seqs[id(cache)]:
+                cache.allocate(seq, 1)
+            outs.append(attend(cache, AttentionBatch(seqs[id(cache)], [1] * len(lengths)),
+                               [(i, n + step) for i, n in enumerate(lengths)]))
+        assert torch.allclose(outs[0], outs[1], atol=1e-5, rtol=1e-4), step
+    for key, t in fast.format.named_tensors().items():
+        assert torch.equal(t, slow.format.named_tensors()[key]), key
+    assert [s.num_tokens for s in seqs[id(fast)]] == [n + steps for n in lengths]
 
 
 @pytest.mark.parametrize("codebook, state_bits", [("gauss", None), ("trellis", None), ("trellis", 12), ("uniform", None)])
