@@ -2,7 +2,8 @@
 
 On the CPU the PyTorch attention path decompresses a sequence's whole compressed history every step;
 this measures what that costs as the context and the batch grow, and which share of the step it is
-(time inside the format's `decode`). Greedy, WikiText-2 text as the prompts (a different stretch per sequence).
+(time inside the format's `decode`), and the prefill before. Greedy, WikiText-2 text as the prompts (a
+different stretch per sequence).
 
     python benchmarks/bench_cpu_context.py --out benchmarks/results/cpu_alrkvd_read_2026-12-05/cpu_context.json
     python benchmarks/bench_cpu_context.py --batches 4,8 --contexts 300 \
@@ -30,13 +31,17 @@ TEXT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 
 def measure(engine, ids, context, steps, decode_time, batch=1):
     """Median step time (ms) and share inside the format's decode of `steps` decode steps of `batch` sequences with
-    `context` tokens each (different text)."""
+    `context` tokens each (different text), and the time (ms) to all their first tokens."""
     rids = [f"ctx{context}-{i}" for i in range(batch)]
     for i, rid in enumerate(rids):
-        engine.add_request(None, SamplingParams(max_tokens=steps + 2, temperature=0, ignore_eos=True),
+        # room to go on decoding while later prompts prefill (they queue for the step's token budget)
+        engine.add_request(None, SamplingParams(max_tokens=engine.max_model_len - context, temperature=0,
+                                                ignore_eos=True),
                            request_id=rid, prompt_ids=ids[i * context:(i + 1) * context])
+    t = time.perf_counter()
     while any(engine.requests[rid].output_ids == [] for rid in rids):  # prefill, first tokens
         engine.step()
+    prefill = time.perf_counter() - t
     times, reads = [], []
     for _ in range(steps):
         decode_time[0] = 0.0
@@ -46,7 +51,7 @@ def measure(engine, ids, context, steps, decode_time, batch=1):
         reads.append(decode_time[0])
     for rid in rids:
         engine.abort(rid)
-    return statistics.median(times) * 1e3, statistics.median(r / t for r, t in zip(reads, times))
+    return statistics.median(times) * 1e3, statistics.median(r / t for r, t in zip(reads, times)), prefill * 1e3
 
 
 def main():
@@ -78,11 +83,11 @@ def main():
         measure(engine, ids, 64, 2, decode_time)  # warm-up
         for batch in map(int, a.batches.split(",")):
             for ctx in map(int, a.contexts.split(",")):
-                ms, share = measure(engine, ids, ctx, a.steps, decode_time, batch)
+                ms, share, prefill = measure(engine, ids, ctx, a.steps, decode_time, batch)
                 rows.append({"format": fmt, "batch": batch, "context": ctx, "step_ms": round(ms, 1),
-                             "decode_share": round(share, 3)})
+                             "decode_share": round(share, 3), "prefill_ms": round(prefill)})
                 print(f"{fmt:7s} batch {batch} context {ctx:5d}: {ms:7.1f} ms a step, {share:.0%} of it rebuilding "
-                      "stored blocks", flush=True)
+                      f"stored blocks; prefill {prefill:6.0f} ms", flush=True)
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"date": time.strftime("%Y-%m-%d"), "machine": "CPU", "steps": a.steps, "rows": rows}, f,

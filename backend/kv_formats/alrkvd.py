@@ -239,24 +239,25 @@ class ALRKVDFormat(KVFormat):
 
     # -- encode / decode ----------------------------------------------------------------------------------
     def _quant_resid(self, e: torch.Tensor, bits: int, low: bool = False):
-        """e: [T, H, D] -> codes [T, H, D], stored scale [T, H, G] (fp16, or uint8 log codes), zero or None,
-        base [H] (8-bit scales) or None. ``low``: the v_low_bits codes (a trellis of the default size)."""
-        T, H, D = e.shape
+        """e: [..., T, H, D] (leading dims: blocks) -> codes [..., T, H, D], stored scale [..., T, H, G] (fp16, or
+        uint8 log codes), zero or None, base [..., H] (8-bit scales: one per block and head) or None. ``low``: the
+        v_low_bits codes (a trellis of the default size)."""
+        *lead, T, H, D = e.shape
         g = self.options["group"]
-        x = e.reshape(T, H, D // g, g)
+        x = e.reshape(*lead, T, H, D // g, g)
         codebook = self.options["codebook"]
         L = None if low else self.options["trellis_state_bits"]
         if codebook != "uniform":
             if self.options["scale_bits"] == 8:
                 rms = x.pow(2).mean(-1, keepdim=True).sqrt()
-                base = log_scale_base(rms.amax(dim=(0, 2, 3)) * 1.25)                  # [H] fp16
-                bb = base.view(1, H, 1, 1)
+                base = log_scale_base(rms.amax(dim=(-4, -2, -1)) * 1.25)              # [..., H] fp16
+                bb = base.view(*lead, 1, H, 1, 1)
                 q, s = quant_scaled(x, bits, codebook, lambda t: log_scale_round(t, bb), L)
-                return q.reshape(T, H, D), log_scale_code(s, bb)[..., 0], None, base
+                return q.reshape(*lead, T, H, D), log_scale_code(s, bb)[..., 0], None, base
             q, s = quant_scaled(x, bits, codebook, state_bits=L)
-            return q.reshape(T, H, D), s[..., 0].to(torch.float16), None, None
+            return q.reshape(*lead, T, H, D), s[..., 0].to(torch.float16), None, None
         q, s, z = quant_asym(x, bits, dim=-1)
-        return q.reshape(T, H, D), s[..., 0], z[..., 0], None
+        return q.reshape(*lead, T, H, D), s[..., 0], z[..., 0], None
 
     def _dequant_resid(self, q, s, z, bits, base=None, low=False, levels=None):
         """Residuals [..., D] from codes q, or from ``levels`` (the codes' levels already looked up: Lloyd-Max
@@ -301,59 +302,81 @@ class ALRKVDFormat(KVFormat):
         """Compress one full block: k [T, H, D] before RoPE, v [T, H, D].  ``start_pos`` (the position of
         the block's first token) is needed by ``key_frame=post_rope`` and ``rotated`` only; ``saliency`` [T, H] (the mean
         attention each token received from the queries that saw it) by ``v_low_tokens``."""
+        self.encode_blocks([(layer, block_id, start_pos, k, v) + (() if saliency is None else (saliency,))])
+
+    def encode_blocks(self, blocks):
+        """`encode` of several full blocks, each (layer, block id, first position, k, v[, saliency]), batched: one
+        decomposition and one quantization for all of them (the blocks a prefill chunk fills in every layer); each
+        block's codes are what `encode` alone writes."""
+        if not blocks:
+            return
         o = self.options
         T, H, D = self.block_size, self.num_kv_heads, self.head_dim
-        R = o["rank_budget"]
-        post = o["key_frame"] == "post_rope"
-        if o["key_frame"] != "pre_rope" and start_pos is None:
+        R, n = o["rank_budget"], len(blocks)
+        layers, block_ids, starts, ks, vs = (list(t) for t in zip(*(b[:5] for b in blocks)))
+        if o["key_frame"] != "pre_rope" and None in starts:
             raise ValueError(f"alrkvd key_frame={o['key_frame']}: encode needs start_pos (the block's first position)")
+        rows = torch.tensor([layer * self.num_blocks + int(b) for layer, b in zip(layers, block_ids)],
+                            device=self.device)
+
+        def put(name, value):  # each block's entry of a storage tensor
+            getattr(self, name).flatten(0, 1)[rows] = value
+
+        def positions():  # [n * T]: each block's tokens
+            first = torch.tensor(starts, device=self.device)[:, None]
+            return (first + torch.arange(T, device=self.device)).flatten()
+        k = torch.stack(ks)
         keys = k.float()
         if o["key_frame"] == "rotated":   # the whole key in the frame of the rotated keys
-            keys = self._rope(keys, self._positions(start_pos, T))
-        X = torch.cat([keys, v.float()], dim=1).permute(1, 0, 2).contiguous()       # [2H, T, D]
+            keys = self._rope(keys.flatten(0, 1), positions()).unflatten(0, (n, T))
+        X = torch.cat([keys, torch.stack(vs).float()], dim=2).permute(0, 2, 1, 3).contiguous()   # [n, 2H, T, D]
         rec = torch.zeros_like(X)
         if R > 0:
-            ranks, bq, bscale = self.quantized_basis(*self._svd(X))
-            B = bq * bscale.float()[:, None]                                          # dequantized [R, D]
-            owner = torch.repeat_interleave(torch.arange(2 * H, device=X.device), ranks)  # stream of each row
-            lat = torch.einsum("rtd,rd->tr", X[owner], B)                             # [T, R]
-            lq, ls, lz = quant_asym(lat, o["latent_bits"], dim=0)
-            latd = dequant_asym(lq, ls, lz)                                           # [T, R]
-            contrib = latd.t()[:, :, None] * B[:, None, :]                            # [R, T, D]
-            rec.index_add_(0, owner, contrib)
-            self.ranks[layer, block_id] = ranks.to(torch.int16)
+            ranks, bq, bscale = self.quantized_basis(*(t.unflatten(0, (n, 2 * H)) for t in self._svd(X.flatten(0, 1))))
+            B = bq * bscale.float()[..., None]                                        # dequantized [n, R, D]
+            r = torch.arange(R, device=X.device).expand(n, R).contiguous()
+            owner = torch.searchsorted(ranks.cumsum(-1), r, right=True)               # [n, R]: stream of each row
+            lat = torch.einsum("nrtd,nrd->ntr", X.gather(1, owner[..., None, None].expand(n, R, T, D)), B)
+            lq, ls, lz = quant_asym(lat, o["latent_bits"], dim=1)
+            latd = dequant_asym(lq, ls, lz)                                           # [n, T, R]
+            contrib = latd.transpose(1, 2)[..., None] * B[:, :, None, :]              # [n, R, T, D]
+            streams = owner + 2 * H * torch.arange(n, device=X.device)[:, None]
+            rec.view(n * 2 * H, T, D).index_add_(0, streams.flatten(), contrib.flatten(0, 1))
+            put("ranks", ranks.to(torch.int16))
             bb = o["basis_bits"]
-            if bb == 8:
-                self.basis[layer, block_id] = bq.to(torch.int8)
-            else:
-                self.basis[layer, block_id] = pack_bits((bq + (1 << (bb - 1))).to(torch.int32), bb)
-            self.basis_scale[layer, block_id] = bscale
-            self.latent[layer, block_id] = pack_bits(lq, o["latent_bits"])
-            self.latent_scale[layer, block_id] = ls[0]
-            self.latent_zero[layer, block_id] = lz[0]
+            put("basis", bq.to(torch.int8) if bb == 8 else pack_bits((bq + (1 << (bb - 1))).to(torch.int32), bb))
+            put("basis_scale", bscale)
+            put("latent", pack_bits(lq, o["latent_bits"]))
+            put("latent_scale", ls[:, 0])
+            put("latent_zero", lz[:, 0])
         else:
-            self.ranks[layer, block_id] = 0
-        E = (X - rec).permute(1, 0, 2)                                                # [T, 2H, D]
+            put("ranks", torch.zeros(n, 2 * H, dtype=torch.int16, device=self.device))
+        E = (X - rec).permute(0, 2, 1, 3)                                             # [n, T, 2H, D]
         if o["exact_tokens"]:
-            energy = E.pow(2).sum(dim=(1, 2))                                         # [T]
-            idx = torch.topk(energy, o["exact_tokens"]).indices.sort().values
-            self.exact_idx[layer, block_id] = idx.to(torch.int16)
-            self.exact_k[layer, block_id] = k[idx].to(torch.float16)
-            self.exact_v[layer, block_id] = v[idx].to(torch.float16)
-        if post:    # key residual in the frame of the rotated keys: RoPE(k) - RoPE(L_hat B)
-            E = torch.cat([self._rope(E[:, :H], self._positions(start_pos, T)), E[:, H:]], dim=1)
+            energy = E.pow(2).sum(dim=(2, 3))                                         # [n, T]
+            idx = torch.topk(energy, o["exact_tokens"]).indices.sort().values         # [n, e]
+            put("exact_idx", idx.to(torch.int16))
+            pick = torch.arange(n, device=self.device)[:, None], idx
+            put("exact_k", k[pick].to(torch.float16))
+            put("exact_v", torch.stack(vs)[pick].to(torch.float16))
+        if o["key_frame"] == "post_rope":  # key residual in the frame of the rotated keys: RoPE(k) - RoPE(L_hat B)
+            E = torch.cat([self._rope(E[:, :, :H].flatten(0, 1), positions()).unflatten(0, (n, T)), E[:, :, H:]], dim=2)
         if self._rot is not None:
             E = E @ self._rot
         for kv, sl, bits in (("k", slice(0, H), o["k_bits"]), ("v", slice(H, 2 * H), o["v_bits"])):
-            q, s, z, base = self._quant_resid(E[:, sl], bits)
-            if kv == "v" and o["v_low_tokens"]:
-                q, s, z = self._split_low(layer, block_id, E[:, sl], q, s, z, saliency)
-            getattr(self, f"{kv}_resid")[layer, block_id] = pack_bits(q, bits)
-            getattr(self, f"{kv}_rscale")[layer, block_id] = s
+            q, s, z, base = self._quant_resid(E[:, :, sl], bits)
+            if kv == "v" and o["v_low_tokens"]:  # per block: which tokens are low depends on its saliency
+                low = [self._split_low(layer, b, E[i, :, sl], q[i], s[i], None if z is None else z[i],
+                                       blocks[i][5] if len(blocks[i]) > 5 else None)
+                       for i, (layer, b) in enumerate(zip(layers, block_ids))]
+                q, s = torch.stack([x[0] for x in low]), torch.stack([x[1] for x in low])
+                z = None if z is None else torch.stack([x[2] for x in low])
+            put(f"{kv}_resid", pack_bits(q, bits))
+            put(f"{kv}_rscale", s)
             if z is not None:
-                getattr(self, f"{kv}_rzero")[layer, block_id] = z
+                put(f"{kv}_rzero", z)
             if base is not None:
-                getattr(self, f"{kv}_rbase")[layer, block_id] = base
+                put(f"{kv}_rbase", base)
 
     def kernels(self, max_rows):
         """The decode kernel (kernels/alrkvd_attention.py) and, with it, the compression kernel (`encode_with_kernel`)

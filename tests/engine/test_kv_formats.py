@@ -480,11 +480,11 @@ def test_cache_hands_each_token_the_attention_it_received():
     T = 32
     cache, rot = _cache("alrkvd", {"block_size": str(T), "v_bits": "3", "v_low_tokens": "8"})
     got = {}
-    encode = cache.format.encode
-    def spy(layer, block_id, k, v, start_pos=None, saliency=None):
-        got[layer] = saliency
-        encode(layer, block_id, k, v, start_pos=start_pos, saliency=saliency)
-    cache.format.encode = spy
+    encode_blocks = cache.format.encode_blocks
+    def spy(blocks):  # what the cache hands the format: (layer, block, start, k, v, saliency) per block
+        got.update({layer: saliency for layer, _, _, _, _, saliency in blocks})
+        encode_blocks(blocks)
+    cache.format.encode_blocks = spy
     g = torch.Generator().manual_seed(3)
     ks, vs, qs = (torch.randn(T, h, D, generator=g) for h in (H, H, 2 * H))
     ks_rot, qs_rot = rot.apply(ks, torch.arange(T)), rot.apply(qs, torch.arange(T))
@@ -670,13 +670,21 @@ def test_decode_of_many_blocks_is_concatenation():
         assert torch.allclose(k_all[i * 128:(i + 1) * 128], kb) and torch.allclose(v_all[i * 128:(i + 1) * 128], vb)
 
 
-@pytest.mark.parametrize("name", ["kivi2", "kivi3", "alrkvd"])
-def test_encoding_blocks_together_is_encoding_each(name):
-    """A decode step hands the format every block it filled at once (KIVI quantizes them in one pass)."""
-    blocks = [(layer, b, 0, *random_kv(128, seed=3 * layer + b)) for layer, b in ((0, 2), (1, 0), (0, 1))]
-    together = make_format(name, L, H, D, torch.float32, "cpu", 3)
+@pytest.mark.parametrize("name,opts", [("kivi2", {}), ("kivi3", {}), ("alrkvd", {}),
+                                       ("alrkvd", dict(k_bits=4, v_bits=4, rank_budget=8, latent_bits=4, basis_bits=4,
+                                                       scale_bits=8, exact_tokens=2)),
+                                       ("alrkvd", dict(key_frame="rotated", codebook="uniform", rotate=False)),
+                                       ("alrkvd", dict(key_frame="post_rope", group=16))])
+def test_encoding_blocks_together_is_encoding_each(name, opts):
+    """A step hands the format the blocks it filled together (KIVI quantizes them in one pass, ALR-KVD decomposes
+    and quantizes them batched): the codes of encoding each alone, bit for bit."""
+    blocks = [(layer, b, 128 * b, *random_kv(128, seed=3 * layer + b)) for layer, b in ((0, 2), (1, 0), (0, 1))]
+    together = make_format(name, L, H, D, torch.float32, "cpu", 3, **opts)
+    one_by_one = make_format(name, L, H, D, torch.float32, "cpu", 3, **opts)
+    if opts.get("key_frame"):
+        together.set_rotary(_rotary())
+        one_by_one.set_rotary(_rotary())
     together.encode_blocks(blocks)
-    one_by_one = make_format(name, L, H, D, torch.float32, "cpu", 3)
     for layer, b, start, k, v in blocks:
         one_by_one.encode(layer, b, k, v, start_pos=start)
     for key, t in together.named_tensors().items():

@@ -259,6 +259,8 @@ parameters_text = st.one_of(
          parameters="", logits=(1, 0, 1.0, torch.float32, "randn"))  # RecursionError: was INTERNAL
 @example(inputs={"text_input": _bytes_tensor(["caf\udce9"])}, parameters="",
          logits=(1, 0, 1.0, torch.float32, "randn"))  # a str that is no UTF-8
+@example(inputs={"text_input": _bytes_tensor([b"\x00"])}, parameters='{"id": "' + "i" * 10_000 + '"}',
+         logits=(1, 0, 1.0, torch.float32, "randn"))  # an id over MAX_ID_CHARS: was accepted (found 2026-12-05)
 def test_parse_inputs_parse_or_refuse(inputs, parameters, logits):
     try:
         r = rp.parse_inputs(inputs, parameters, SamplingParams, LIMITS)

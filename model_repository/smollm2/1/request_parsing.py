@@ -241,10 +241,14 @@ def _messages(text: bytes) -> list[dict]:
 
 
 def _id_label(value) -> str | None:
-    """The generate extension's request "id", as a label for the engine's request id."""
+    """The generate extension's request "id", as a label for the engine's request id (at most MAX_ID_CHARS, as
+    Triton's own request id)."""
     if value is None:
         return None
-    return value if isinstance(value, str) else show(value)  # its length is checked with Triton's id
+    label = value if isinstance(value, str) else show(value)
+    if len(label) > MAX_ID_CHARS:
+        raise invalid(f"the request id has {len(label)} characters; at most {MAX_ID_CHARS}")
+    return label
 
 
 @dataclass(frozen=True)
