@@ -68,14 +68,15 @@ def memoize_decode(fmt) -> None:
             memo.pop((layer, int(block_id)), None)
         orig_encode_blocks(blocks)
 
-    def decode(layer, block_ids):
+    def decode(layer, block_ids, start_pos=0):
         ids = [int(b) for b in (block_ids.tolist() if torch.is_tensor(block_ids) else block_ids)]
         missing = [b for b in ids if (layer, b) not in memo]
         T = fmt.block_size
         if missing and positional:       # the reconstruction depends on the block's place in the sequence
-            for i, b in enumerate(ids):
+            starts = start_pos.tolist() if torch.is_tensor(start_pos) else [start_pos + i * T for i in range(len(ids))]
+            for b, start in zip(ids, starts):
                 if (layer, b) not in memo:
-                    memo[(layer, b)] = orig_decode(layer, [b], start_pos=i * T)
+                    memo[(layer, b)] = orig_decode(layer, [b], start_pos=start)
         elif missing:
             k, v = orig_decode(layer, missing)
             for i, b in enumerate(missing):

@@ -51,6 +51,28 @@ def test_memoized_decode_is_identical_and_invalidated_on_encode():
     assert torch.equal(fmt.decode(1, [1])[0], raw.decode(1, [1])[0])
 
 
+
+def test_memoized_decode_takes_each_blocks_position():
+    """Blocks of several sequences decoded together (a batched decode step) come with each block's first position;
+    for keys stored after RoPE the memo decodes each at its own, as the format does."""
+    from backend.config import ModelConfig
+    from backend.model import Rotary
+    cfg = ModelConfig(model_type="llama", vocab_size=10, hidden_size=384, num_layers=2, num_heads=6, num_kv_heads=3,
+                      head_dim=64, intermediate_size=8, rope_theta=10000.0)
+    fmt, raw = (make_format("alrkvd", 2, 3, 64, torch.float32, "cpu", 4, rank_budget="8", key_frame="rotated")
+                for _ in range(2))
+    for f in (fmt, raw):
+        f.set_rotary(Rotary(cfg, 1024, "cpu"))
+    evaluate.memoize_decode(fmt)
+    g = torch.Generator().manual_seed(0)
+    starts = [0, 128, 0]  # two blocks of one sequence, the first block of another
+    for b, start in enumerate(starts):
+        k, v = torch.randn(128, 3, 64, generator=g), torch.randn(128, 3, 64, generator=g)
+        fmt.encode(1, b, k, v, start_pos=start)
+        raw.encode(1, b, k, v, start_pos=start)
+    a, b = (f.decode(1, [0, 1, 2], start_pos=torch.tensor(starts)) for f in (fmt, raw))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
 @pytest.fixture(scope="module")
 def engine():
     args = argparse.Namespace(model="default", device="cpu", dtype="auto", chunk=64)
