@@ -138,13 +138,19 @@ class StepGraphs:
     def _capture(self, size: int, batch: AttentionBatch) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """Capture the forward of `size` rows. It runs once eagerly first, on a side stream as PyTorch's
         recipe asks (Triton compiles its kernels there): that run writes this step's keys and values,
-        and the replay that follows writes the same ones again."""
+        and the replay that follows writes the same ones again; it counts no routed token (the replay does)."""
         args = (self.tokens[:size], self.positions[:size], self.cache, batch)
+        ones = None if self.routed_ones is None else self.routed_ones[:size * self.top_k]
+        counted = None if ones is None else ones.clone()  # the replay counts the step's routed tokens, not this run
         with torch.cuda.device(self.cache.device):
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
+                if ones is not None:
+                    ones.zero_()
                 self.model(*args)
+                if ones is not None:
+                    ones.copy_(counted)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):

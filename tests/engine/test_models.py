@@ -37,7 +37,8 @@ CONFIGS = {
 }
 
 
-DEVICES = ["cpu", "cpu-kernels"] + (["cuda"] if torch.cuda.is_available() else [])
+# the kernels on CPU tensors need Triton's interpreter, which a machine with a GPU does not run: there `cuda` runs them
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else ["cpu-kernels"])
 # the interpreter is slow: the families whose CUDA paths differ (q/k norms and a plain MoE; a shared expert)
 INTERPRETED = {"qwen3_moe", "qwen2_moe"}
 
