@@ -23,9 +23,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from backend.engine import EngineArgs, LLMEngine  # noqa: E402
 from backend.sampling import SamplingParams  # noqa: E402
 
-# model_repository/smollm2/config.pbtxt's preset
-SERVED_ALRKVD = {"block_size": 64, "k_bits": 4, "v_bits": 4, "rank_budget": 8, "latent_bits": 4, "basis_bits": 4,
-                 "scale_bits": 8}
 TEXT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data/wikitext-2-raw/wiki.test.raw")
 
 
@@ -57,7 +54,7 @@ def measure(engine, ids, context, steps, decode_time, batch=1):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--contexts", default="128,512,1024,1920")
-    ap.add_argument("--formats", default="alrkvd,fp16")
+    ap.add_argument("--formats", default="alrkvd-cpu,fp16", help="kv formats or presets (alrkvd-cpu: the CPU configs')")
     ap.add_argument("--batches", default="1", help="sequences decoding together, each of the context's length")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--out")
@@ -75,8 +72,7 @@ def main():
 
     rows = []
     for fmt in a.formats.split(","):
-        engine = LLMEngine(EngineArgs(model="default", weight_dtype="float16", kv_format=fmt,
-                                      kv_options=SERVED_ALRKVD if fmt == "alrkvd" else {}, kv_budget_bytes=128 << 20,
+        engine = LLMEngine(EngineArgs(model="default", weight_dtype="float16", kv_format=fmt, kv_budget_bytes=128 << 20,
                                       max_model_len=2048, max_num_seqs=8))
         engine.cache.format.decode = timed(engine.cache.format.decode)  # the rebuild of stored blocks
         ids = engine.tokenizer.encode(open(TEXT).read()[:200000])

@@ -325,14 +325,14 @@ class ALRKVDFormat(KVFormat):
         def positions():  # [n * T]: each block's tokens
             first = torch.tensor(starts, device=self.device)[:, None]
             return (first + torch.arange(T, device=self.device)).flatten()
-        k = torch.stack(ks)
+        k, v = torch.stack(ks), torch.stack(vs)
         keys = k.float()
         if o["key_frame"] == "rotated":   # the whole key in the frame of the rotated keys
             keys = self._rope(keys.flatten(0, 1), positions()).unflatten(0, (n, T))
-        X = torch.cat([keys, torch.stack(vs).float()], dim=2).permute(0, 2, 1, 3).contiguous()   # [n, 2H, T, D]
+        X = torch.cat([keys, v.float()], dim=2).permute(0, 2, 1, 3).contiguous()   # [n, 2H, T, D]
         rec = torch.zeros_like(X)
         if R > 0:
-            ranks, bq, bscale = self.quantized_basis(*(t.unflatten(0, (n, 2 * H)) for t in self._svd(X.flatten(0, 1))))
+            ranks, bq, bscale = self._block_bases(X)
             B = bq * bscale.float()[..., None]                                        # dequantized [n, R, D]
             r = torch.arange(R, device=X.device).expand(n, R).contiguous()
             owner = torch.searchsorted(ranks.cumsum(-1), r, right=True)               # [n, R]: stream of each row
@@ -358,7 +358,7 @@ class ALRKVDFormat(KVFormat):
             put("exact_idx", idx.to(torch.int16))
             pick = torch.arange(n, device=self.device)[:, None], idx
             put("exact_k", k[pick].to(torch.float16))
-            put("exact_v", torch.stack(vs)[pick].to(torch.float16))
+            put("exact_v", v[pick].to(torch.float16))
         if o["key_frame"] == "post_rope":  # key residual in the frame of the rotated keys: RoPE(k) - RoPE(L_hat B)
             E = torch.cat([self._rope(E[:, :, :H].flatten(0, 1), positions()).unflatten(0, (n, T)), E[:, :, H:]], dim=2)
         if self._rot is not None:
@@ -434,13 +434,15 @@ class ALRKVDFormat(KVFormat):
                         start_pos=device_indices(start_pos, k.device) if post else None,
                         cos=self._rotary.cos if post else None, sin=self._rotary.sin if post else None, rot=self._rot)
 
+    def _block_bases(self, X: torch.Tensor):
+        """Ranks, basis codes and scales (`quantized_basis`) of blocks X [n, 2H, T, D], one batched `_svd`: what
+        `encode_blocks` and the compression kernel's `_basis_rows` both store."""
+        return self.quantized_basis(*(t.unflatten(0, X.shape[:2]) for t in self._svd(X.flatten(0, 1))))
+
     def _basis_rows(self, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Batched SVD, rank allocation and 8-bit basis of `encode` for blocks of any layers, written to
         ranks/basis/basis_scale at `rows` [n] of their (layer, block)-flattened views."""
-        x = torch.cat([k.float(), v.float()], dim=2).permute(0, 2, 1, 3)  # [n, 2H, T, D]
-        # the format's own decomposition (batched over blocks here) and basis, as encode uses them
-        svals, vh, total = (t.unflatten(0, x.shape[:2]) for t in self._svd(x.flatten(0, 1)))
-        ranks, bq, bscale = self.quantized_basis(svals, vh, total)
+        ranks, bq, bscale = self._block_bases(torch.cat([k.float(), v.float()], dim=2).permute(0, 2, 1, 3))
         self.ranks.flatten(0, 1)[rows] = ranks.to(torch.int16)
         self.basis.flatten(0, 1)[rows] = bq.to(torch.int8)
         self.basis_scale.flatten(0, 1)[rows] = bscale
