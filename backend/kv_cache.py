@@ -312,11 +312,16 @@ class PagedKVCache:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, k_rot: torch.Tensor, v: torch.Tensor,
                batch: AttentionBatch) -> torch.Tensor:
         """q [T, Hq, D] (rotated), k / k_rot [T, Hkv, D] before / after RoPE, v. Returns [T, Hq, D].
-        Decode-only steps attend for all sequences at once; prefill chunks and the rest go sequence by sequence,
-        as does a windowed format on the PyTorch path with one sequence (no padding, no mask) or `windows_at_once`
-        off."""
+        Decode-only steps attend for all sequences at once, as do steps with prompt chunks where the tiles kernel
+        runs (page-addressed formats on the kernel path); elsewhere prompt chunks go sequence by sequence, as does
+        a windowed format on the PyTorch path with one sequence (no padding, no mask) or `windows_at_once` off."""
         k_store = k if self.rope_on_read else k_rot  # what the format keeps
         decode_only = all(n == 1 for n in batch.query_lens)
+        if batch.decode_meta is None and not decode_only and self.use_triton and self.tiles_kernel is not None:
+            # prompt chunks through the tiles kernel: every row causal over the paged cache, all sequences in one
+            # launch a layer (no copy of the history, no mask)
+            batch.decode_meta = self.build_decode_meta(
+                batch, num_tiles=self.num_tiles(sum(batch.query_lens), len(batch.seqs)))
         one_by_one = self.windowed and self.decode_kernel is None and (len(batch.seqs) == 1 or not self.windows_at_once)
         if batch.decode_meta is not None or (decode_only and not one_by_one):
             return self._attend_decode(layer, q, k_store, k_rot, v, batch)

@@ -194,10 +194,12 @@ def weight_bytes(cfg: dict, elt: int = 2) -> int:
 # engine options from the command line: --routing (seeded: every arm runs the same experts, Transformer.seed_routing)
 # and the expert cache's
 ROUTING = {"moe_routing": "seeded"}
+MAX_MODEL_LEN = {"max_model_len": 40960}  # --max-model-len: longer rotary tables for the dummy shapes
 
 
 def dummy_engine(name: str, kv_format: str, **args) -> LLMEngine:
-    """The engine on CUDA over dummy weights of SHAPES[name] (chunks of 8192 tokens, 40960 positions);
+    """The engine on CUDA over dummy weights of SHAPES[name] (chunks of 8192 tokens, 40960 positions or
+    `--max-model-len`);
     `alrkvd` with the options its Triton kernels read; `alrkvd-post_rope` the same with key_frame=post_rope.
     Routing as `--routing` says (seeded by default)."""
     shape = SHAPES[name]
@@ -208,7 +210,7 @@ def dummy_engine(name: str, kv_format: str, **args) -> LLMEngine:
     kv_format, kv_options = kernel_format(kv_format, head_dim)
     return LLMEngine(EngineArgs(model=folder, load_format="dummy", tokenizer="none", device="cuda",
                                 kv_format=kv_format, kv_options=kv_options, max_num_batched_tokens=8192,
-                                max_model_len=40960, **{**ROUTING, **args}))
+                                **{**MAX_MODEL_LEN, **ROUTING, **args}))
 
 
 def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv_formats=("fp16",),
@@ -444,8 +446,10 @@ def main():
                          "with a trained router's load skew and reuse: expert-cache benchmarks) or learned")
     ap.add_argument("--expert-prefetch", type=int, default=1, help="streamed experts: MoE layers predicted ahead")
     ap.add_argument("--expert-policy", default="lru", choices=["lru", "lfu"])
+    ap.add_argument("--max-model-len", type=int, default=40960, help="positions (contexts past the shapes' 40,960)")
     ap.add_argument("--out")
     args = ap.parse_args()
+    MAX_MODEL_LEN.update(max_model_len=args.max_model_len)
     ROUTING.update(moe_routing=args.routing, expert_prefetch=args.expert_prefetch, expert_policy=args.expert_policy)
     result = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "moe_routing": args.routing}
     if args.cpu:
