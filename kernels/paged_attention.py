@@ -543,7 +543,8 @@ def query_tiles(query_lens: list[int], group: int) -> tuple[list[int], list[int]
 
 
 def paged_tiles_attention(q, k_cache, v_cache, block_tables, seq_lens, tile_starts, tile_counts, scale: float,
-                          num_splits: int | None = None) -> torch.Tensor:
+                          num_splits: int | None = None, block_n: int = 32, num_warps: int | None = None,
+                          num_stages: int = 2) -> torch.Tensor:
     """Attention of the query rows `q [T, Hq, D]` of a step, each row r over the first `seq_lens[r]` tokens of
     its sequence's paged cache (`block_tables [T, W]`, a row per query row), grouped in tiles: tile i is
     rows tile_starts[i] .. + tile_counts[i] (at most `tile_tokens(group)`, consecutive rows of one sequence;
@@ -572,9 +573,9 @@ def paged_tiles_attention(q, k_cache, v_cache, block_tables, seq_lens, tile_star
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
         GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-        PAGE_SIZE=page_size, BLOCK_N=32, DOT_DTYPE=dot_dtype(k_cache.dtype, q.device),
+        PAGE_SIZE=page_size, BLOCK_N=block_n, DOT_DTYPE=dot_dtype(k_cache.dtype, q.device),
         DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
-        num_warps=4 if block_m <= 64 else 8, num_stages=2,  # acc [BLOCK_M, D] fp32: 8 warps above 64 rows
+        num_warps=num_warps or (4 if block_m <= 64 else 8), num_stages=num_stages,  # acc [BLOCK_M, D] fp32
     )
     return decode_reduce(mid_o, mid_lse, out)
 
