@@ -337,8 +337,12 @@ class PagedKVCache:
             if n > 1:  # query i sees the past and new tokens up to itself
                 mask = torch.ones(n, P + n, dtype=torch.bool, device=q.device).tril(diagonal=P)
             # a batch dim of 1: on the CPU, SDPA with enable_gqa takes its slow math path for 3-D inputs (5x)
-            o = F.scaled_dot_product_attention(q[start:start + n].transpose(0, 1)[None], keys[None], values[None],
-                                               attn_mask=mask, enable_gqa=True)
+            k_sdpa, v_sdpa, gqa = keys, values, {"enable_gqa": True}
+            if mask is not None and q.is_cuda:  # there GQA with a mask takes the math path (every score in fp32):
+                group = q.shape[1] // keys.shape[0]  # heads repeated, the memory-efficient kernel reads the mask
+                k_sdpa, v_sdpa, gqa = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0), {}
+            o = F.scaled_dot_product_attention(q[start:start + n].transpose(0, 1)[None], k_sdpa[None], v_sdpa[None],
+                                               attn_mask=mask, **gqa)
             out[start:start + n] = o[0].transpose(0, 1)
             received = None
             if self.window_attn is not None:  # per kv head, the mean over its query heads, summed over queries
