@@ -53,8 +53,8 @@ def check_bookkeeping(cache):
         for j, e in enumerate(held):
             if e != E:
                 assert slot_of[e] == li * S + j
-                assert torch.equal(cache.w13[li * S + j], cache.store.w13[layer][e])
-                assert torch.equal(cache.w2[li * S + j], cache.store.w2[layer][e])
+                assert torch.equal(cache.w13[li * S + j].cpu(), cache.store.w13[layer][e])  # the store: host memory
+                assert torch.equal(cache.w2[li * S + j].cpu(), cache.store.w2[layer][e])
         assert sorted(s for s in slot_of if s >= 0) == sorted(li * S + j for j, e in enumerate(held) if e != E)
 
 
