@@ -9,6 +9,7 @@ of a page-addressed format writes every sequence's token at once and attends in 
 """
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass, field
 
@@ -68,6 +69,9 @@ class AttentionBatch:
     decode_meta: dict | None = None
     # a CUDA graph's rows [T'] (backend/cuda_graphs.py): True for the step's tokens, False for padding
     valid_rows: torch.Tensor | None = None
+    # an eager step's decodes beside prompt chunks, attended apart (windowed formats' kernels): (their rows, a batch
+    # of them), built once for all layers (`PagedKVCache.decodes_apart`)
+    decodes: tuple[torch.Tensor, "AttentionBatch"] | None = None
 
 
 class BlockAllocator:
@@ -236,12 +240,14 @@ class PagedKVCache:
 
     def commit(self, batch: AttentionBatch):
         """After a forward step: the step's tokens are now part of each sequence's cache, and the blocks
-        a decode step (or a graph's prompt chunk) filled, read from the window during the step, are compressed,
-        every layer's."""
-        meta = batch.decode_meta
-        if meta is not None and self.windowed:
+        the kernel path's rows filled (decodes, a graph's prompt chunks), read from the window during the step, are
+        compressed, every layer's (prompt chunks on the PyTorch path compress theirs as they write them)."""
+        for part in (batch, batch.decodes and batch.decodes[1]):
+            meta = part.decode_meta if part else None
+            if meta is None or not self.windowed:
+                continue
             for i, pos in meta["closing"]:
-                seq = batch.seqs[i]
+                seq = part.seqs[i]
                 start = pos + 1 - self.block_size
                 block = seq.block_table[start // self.block_size]
                 self._filled += [(layer, block, start, self.window_k[layer, seq.window_slot],
@@ -313,8 +319,9 @@ class PagedKVCache:
                batch: AttentionBatch) -> torch.Tensor:
         """q [T, Hq, D] (rotated), k / k_rot [T, Hkv, D] before / after RoPE, v. Returns [T, Hq, D].
         Decode-only steps attend for all sequences at once, as do steps with prompt chunks where the tiles kernel
-        runs (page-addressed formats on the kernel path); elsewhere prompt chunks go sequence by sequence, as does
-        a windowed format on the PyTorch path with one sequence (no padding, no mask) or `windows_at_once` off."""
+        runs (page-addressed formats on the kernel path); elsewhere prompt chunks go sequence by sequence (beside
+        them, a windowed format's decodes go through its decode kernel at once: `decodes_apart`), as does a
+        windowed format on the PyTorch path with one sequence (no padding, no mask) or `windows_at_once` off."""
         k_store = k if self.rope_on_read else k_rot  # what the format keeps
         decode_only = all(n == 1 for n in batch.query_lens)
         if batch.decode_meta is None and not decode_only and self.use_triton and self.tiles_kernel is not None:
@@ -326,8 +333,15 @@ class PagedKVCache:
         if batch.decode_meta is not None or (decode_only and not one_by_one):
             return self._attend_decode(layer, q, k_store, k_rot, v, batch)
         out = torch.empty_like(q)
+        apart = self.decodes_apart(batch)
+        if apart is not None:  # the decodes through the kernel, all at once; only the prompt chunks one by one
+            rows, decodes = apart
+            out[rows] = self._attend_decode(layer, q[rows], k_store[rows], k_rot[rows], v[rows], decodes)
         start = 0
         for seq, n in zip(batch.seqs, batch.query_lens):
+            if apart is not None and n == 1:
+                start += 1
+                continue
             P = seq.num_tokens
             k_new, v_new = k_rot[start:start + n], v[start:start + n]
             k_past, v_past = self.read(layer, seq)
@@ -354,6 +368,21 @@ class PagedKVCache:
             self.write(layer, seq, k_store[start:start + n], v_new, received)
             start += n
         return out
+
+    def decodes_apart(self, batch: AttentionBatch) -> tuple[torch.Tensor, AttentionBatch] | None:
+        """An eager step's decode rows and a batch of their sequences, where a windowed format's decode kernel runs
+        and prompt chunks ride beside them: read by the kernel from the compressed blocks, not rebuilt one sequence
+        at a time. None otherwise."""
+        if not self.windowed or self.decode_kernel is None:
+            return None
+        if batch.decodes is None:
+            starts = list(itertools.accumulate(batch.query_lens, initial=0))[:-1]
+            rows = [r for r, n in zip(starts, batch.query_lens) if n == 1]
+            if not rows:
+                return None
+            seqs = [s for s, n in zip(batch.seqs, batch.query_lens) if n == 1]
+            batch.decodes = (torch.tensor(rows, device=self.device), AttentionBatch(seqs, [1] * len(seqs)))
+        return batch.decodes
 
     def mixed_rows_supported(self) -> bool:
         """Whether steps with prompt chunks can attend through `build_decode_meta`'s rows (each row causal by

@@ -16,7 +16,10 @@
 #   python -m server.dummy_repository --out reports/gpu_repository --name qwen3_30b_long_fp16 --kv-format fp16 \
 #     --kv-budget-gb 8 --max-model-len 40960 --max-num-seqs 64     (and _long_alrkvd with --kv-format alrkvd-gpu)
 # run there with TENANTS loadtest/tenants_long.yaml; `python -m loadtest.compare OUT/A OUT/B --out OUT/compare`
-# puts the runs side by side (sessions held at the SLO, goodput).
+# puts the runs side by side (sessions held at the SLO, goodput). First run (H100, 2026-12-05, BENCHMARKS.md
+# section 5): beside decodes the graphs cut prompt chunks to 256 tokens (`fp16`) or a 64-token block (ALR-KVD).
+# Next to try: `--max-step-ms 80` with `--cuda-graph-max-tokens 2048` (fp16: chunks sized by the step-time curve, in
+# graphs) or `--cuda-graph-max-tokens 0` (ALR-KVD: mixed steps eager, chunks uncut, decodes read by the kernel).
 set -u
 out=${1:?usage: gpu_serving.sh OUT_DIR [STEPS] [STEP_TIME] [MODELS] [TENANTS]}
 steps=${2:-1,8,32}

@@ -180,6 +180,40 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format):
     assert cache.allocator.num_free == cache.allocator.num_blocks and len(cache.free_slots) == engine.args.max_num_seqs
 
 
+@pytest.mark.parametrize("kv_format", ["alrkvd", "kivi4"])
+def test_windowed_eager_steps_read_decodes_with_the_kernel(tmp_path, kv_format):
+    """Eager steps (no graph) that carry prompt chunks beside decodes: the decodes are read by the decode kernel from
+    the compressed blocks, all at once (the fp32 reference stands in for it on every device), the chunks one by one
+    through the PyTorch path, uncut across blocks; a block a decode fills is compressed at commit. The same tokens
+    as the PyTorch path for every row; every block and window slot back at the end."""
+    engine = engine_for(tmp_path, QWEN3_MOE, kv_format)
+    bs = engine.cache.block_size
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (bs - 6, bs - 2, 2 * bs + 7, bs + 20, 3)]
+
+    def generate():
+        params = SamplingParams(max_tokens=bs + 4, temperature=0, ignore_eos=True)
+        rids, done, plans = [engine.add_request(None, params, prompt_ids=p) for p in prompts[:2]], {}, []
+        for step in range(400):
+            if step in (2, 5, 8):  # newcomers while the first two decode
+                rids.append(engine.add_request(None, params, prompt_ids=prompts[len(rids)]))
+            before = {id(s): s.kv.num_tokens for s in engine.running}
+            done |= {o.request_id: o.token_ids for o in engine.step() if o.finished}
+            plans.append(sorted((before.get(id(s), 0), n) for s, n in engine.plan))
+            if not engine.has_unfinished():
+                return [done[r] for r in rids], plans
+
+    engine.cache.decode_kernel = REFERENCES[kv_format]
+    tokens, plans = generate()
+    mixed = [p for p in plans if min(n for _, n in p) == 1 and max(n for _, n in p) > 1]
+    assert any(start % bs + n > bs for p in mixed for start, n in p if n > 1)  # chunks cross blocks beside decodes
+    assert any((start + 1) % bs == 0 for p in mixed for start, n in p if n == 1)  # a decode closes its block
+    engine.cache.decode_kernel = None  # the PyTorch path for every row
+    assert generate() == (tokens, plans)
+    cache = engine.cache
+    assert cache.allocator.num_free == cache.allocator.num_blocks and len(cache.free_slots) == engine.args.max_num_seqs
+
+
 def test_seeded_routing_runs_the_same_experts_whatever_the_activations(tmp_path):
     """`moe_routing="seeded"` (dummy-weight benchmarks): experts from each token's position and row, so two KV
     formats, whose attention outputs differ, route every step to the same experts; learned routing does not
