@@ -320,8 +320,8 @@ class PagedKVCache:
         """q [T, Hq, D] (rotated), k / k_rot [T, Hkv, D] before / after RoPE, v. Returns [T, Hq, D].
         Decode-only steps attend for all sequences at once, as do steps with prompt chunks where the tiles kernel
         runs (page-addressed formats on the kernel path); elsewhere prompt chunks go sequence by sequence (beside
-        them, a windowed format's decodes go through its decode kernel at once: `decodes_apart`), as does a
-        windowed format on the PyTorch path with one sequence (no padding, no mask) or `windows_at_once` off."""
+        them, a windowed format's decodes go all at once: `decodes_apart`), as does a windowed format on the
+        PyTorch path with one sequence (no padding, no mask) or `windows_at_once` off."""
         k_store = k if self.rope_on_read else k_rot  # what the format keeps
         decode_only = all(n == 1 for n in batch.query_lens)
         if batch.decode_meta is None and not decode_only and self.use_triton and self.tiles_kernel is not None:
@@ -370,15 +370,16 @@ class PagedKVCache:
         return out
 
     def decodes_apart(self, batch: AttentionBatch) -> tuple[torch.Tensor, AttentionBatch] | None:
-        """An eager step's decode rows and a batch of their sequences, where a windowed format's decode kernel runs
-        and prompt chunks ride beside them: read by the kernel from the compressed blocks, not rebuilt one sequence
-        at a time. None otherwise."""
-        if not self.windowed or self.decode_kernel is None:
+        """An eager step's decode rows and a batch of their sequences, where prompt chunks ride beside them in a
+        windowed format: read by its decode kernel from the compressed blocks, or on the PyTorch path (two or more,
+        `windows_at_once`) decoded together in one call (`_attend_windows`), not one sequence at a time. None
+        otherwise."""
+        if not self.windowed or (self.decode_kernel is None and not self.windows_at_once):
             return None
         if batch.decodes is None:
             starts = list(itertools.accumulate(batch.query_lens, initial=0))[:-1]
             rows = [r for r, n in zip(starts, batch.query_lens) if n == 1]
-            if not rows:
+            if len(rows) < (1 if self.decode_kernel is not None else 2):
                 return None
             seqs = [s for s, n in zip(batch.seqs, batch.query_lens) if n == 1]
             batch.decodes = (torch.tensor(rows, device=self.device), AttentionBatch(seqs, [1] * len(seqs)))

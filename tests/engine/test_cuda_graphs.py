@@ -182,10 +182,10 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format):
 
 @pytest.mark.parametrize("kv_format", ["alrkvd", "kivi4"])
 def test_windowed_eager_steps_read_decodes_with_the_kernel(tmp_path, kv_format):
-    """Eager steps (no graph) that carry prompt chunks beside decodes: the decodes are read by the decode kernel from
-    the compressed blocks, all at once (the fp32 reference stands in for it on every device), the chunks one by one
-    through the PyTorch path, uncut across blocks; a block a decode fills is compressed at commit. The same tokens
-    as the PyTorch path for every row; every block and window slot back at the end."""
+    """Eager steps (no graph) that carry prompt chunks beside decodes: the decodes are read all at once, by the decode
+    kernel from the compressed blocks (the fp32 reference stands in for it on every device) or on the PyTorch path
+    by one batched decode (`_attend_windows`), the chunks one by one, uncut across blocks; a block a decode fills is
+    compressed at commit. The same tokens as every sequence one by one; every block and window slot back."""
     engine = engine_for(tmp_path, QWEN3_MOE, kv_format)
     bs = engine.cache.block_size
     g = torch.Generator().manual_seed(4)
@@ -208,7 +208,9 @@ def test_windowed_eager_steps_read_decodes_with_the_kernel(tmp_path, kv_format):
     mixed = [p for p in plans if min(n for _, n in p) == 1 and max(n for _, n in p) > 1]
     assert any(start % bs + n > bs for p in mixed for start, n in p if n > 1)  # chunks cross blocks beside decodes
     assert any((start + 1) % bs == 0 for p in mixed for start, n in p if n == 1)  # a decode closes its block
-    engine.cache.decode_kernel = None  # the PyTorch path for every row
+    engine.cache.decode_kernel = None  # the PyTorch path: the decodes in one batched call
+    assert generate() == (tokens, plans)
+    engine.cache.windows_at_once = False  # every sequence one by one
     assert generate() == (tokens, plans)
     cache = engine.cache
     assert cache.allocator.num_free == cache.allocator.num_blocks and len(cache.free_slots) == engine.args.max_num_seqs
