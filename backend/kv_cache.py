@@ -175,6 +175,11 @@ class PagedKVCache:
         # a windowed format's decode steps on the PyTorch path read every sequence at once (`_attend_windows`), but
         # a sink or saliency only sequence by sequence
         self.windows_at_once = not self.sink_tokens and self.window_attn is None
+        # the blocks prompt chunks fill: on CUDA compressed at commit with every layer's, since each compression call
+        # waits for the host (its Rayleigh-Ritz eigh; H200: 48 blocks in one call 4.6 ms, 1,536 in 12 calls 28 ms, a
+        # 32k prefill's 192 calls 1.04 s); on the CPU as each layer writes them, where the larger batch was slower
+        # (journal 2026-12-05 15c)
+        self.defer_prompt_blocks = on_cuda
 
     def _encode_blocks(self, blocks: list[tuple[int, int, int, torch.Tensor, torch.Tensor]]):
         """Compress full blocks, each (layer, block id, first position, k [T, H, D], v), with the format's encode.
@@ -193,9 +198,10 @@ class PagedKVCache:
             self.kernels.compress(list(layers), list(ids), torch.stack(ks), torch.stack(vs), start_pos=list(starts))
 
     def _compress_filled(self):
-        """Compress the blocks that the decode step's layers filled (read from the window until now), all
-        layers in one call, on the side stream when there is one: after the step's forward, overlapping
-        its sampling. The next touch of the window or the blocks waits for it (`wait_compressed`)."""
+        """Compress the blocks that the step's layers filled (decodes' read from the window until now; prompt
+        chunks' copied from it, `defer_prompt_blocks`), all layers in one call, on the side stream when there is
+        one: after the step's forward, overlapping its sampling. The next touch of the window or the blocks waits
+        for it (`wait_compressed`)."""
         blocks, self._filled = self._filled, []
         if not blocks:
             return
@@ -311,7 +317,9 @@ class PagedKVCache:
                     block += (self.window_attn[layer, seq.window_slot] / seen[:, None],)
                 full.append(block)
             done += m
-        if full:
+        if full and self.defer_prompt_blocks and received is None:
+            self._filled += full  # copies of the window: compressed at commit (`_compress_filled`)
+        elif full:
             self.compress(full)
 
     # ---- attention ----------------------------------------------------------------------

@@ -447,6 +447,38 @@ def test_a_decode_step_reads_every_window_at_once_as_sequence_by_sequence(name, 
     assert [s.num_tokens for s in seqs[id(fast)]] == [n + steps for n in lengths]
 
 
+@pytest.mark.parametrize("name,opts", [("alrkvd", {"key_frame": "rotated", "codebook": "uniform"}), ("kivi2", {})])
+def test_prompt_blocks_compressed_at_commit_are_those_compressed_at_the_layer(name, opts):
+    """`defer_prompt_blocks` (on CUDA): the blocks prompt chunks fill are compressed at commit, every layer's in one
+    call, instead of as each layer writes them: the same attention outputs over chunks that cross blocks and the
+    decode steps after, and every stored tensor bit for bit."""
+    from backend.kv_cache import AttentionBatch, SeqKV
+    opts = {"block_size": "32", **opts}
+    (deferred, rot), (at_layer, _) = (_cache(name, opts, max_num_seqs=2) for _ in range(2))
+    deferred.defer_prompt_blocks, at_layer.defer_prompt_blocks = True, False
+    chunks, n = [20, 50, 30], 100  # 20, 70 and 100 tokens: the chunks close blocks 1 to 3 and cross two
+    g = torch.Generator().manual_seed(5)
+    k, v = torch.randn(n + 3, H, D, generator=g) * 2, torch.randn(n + 3, H, D, generator=g)
+    q = torch.randn(n + 3, 2 * H, D, generator=g)
+    outs = {}
+    for cache in (deferred, at_layer):
+        seq, start, outs[id(cache)] = SeqKV(), 0, []
+        for c in chunks + [1, 1, 1]:
+            cache.allocate(seq, c)
+            sl, pos = slice(start, start + c), torch.arange(start, start + c)
+            batch = AttentionBatch([seq], [c])
+            outs[id(cache)] += [cache.attend(layer, rot.apply(q[sl], pos), k[sl], rot.apply(k[sl], pos), v[sl], batch)
+                                for layer in range(L)]
+            if cache is deferred and (start + c) // 32 > start // 32:
+                assert cache._filled  # the blocks this chunk filled, held until commit
+            cache.commit(batch)
+            start += c
+    for a, b in zip(outs[id(deferred)], outs[id(at_layer)]):
+        assert torch.equal(a, b)
+    for key, t in deferred.format.named_tensors().items():
+        assert torch.equal(t, at_layer.format.named_tensors()[key]), key
+
+
 @pytest.mark.parametrize("codebook, state_bits", [("gauss", None), ("trellis", None), ("trellis", 12), ("uniform", None)])
 def test_alrkvd_low_value_tokens_take_the_low_bits(codebook, state_bits):
     """v_low_tokens: each head's least salient tokens decode exactly as the v_low_bits format decodes them (with
