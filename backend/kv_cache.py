@@ -69,8 +69,8 @@ class AttentionBatch:
     decode_meta: dict | None = None
     # a CUDA graph's rows [T'] (backend/cuda_graphs.py): True for the step's tokens, False for padding
     valid_rows: torch.Tensor | None = None
-    # an eager step's decodes beside prompt chunks, attended apart (windowed formats' kernels): (their rows, a batch
-    # of them), built once for all layers (`PagedKVCache.decodes_apart`)
+    # an eager step's decodes beside prompt chunks, attended apart (windowed formats): (their rows, a batch of
+    # them), built once for all layers (`PagedKVCache.decodes_apart`)
     decodes: tuple[torch.Tensor, "AttentionBatch"] | None = None
 
 
@@ -247,7 +247,8 @@ class PagedKVCache:
     def commit(self, batch: AttentionBatch):
         """After a forward step: the step's tokens are now part of each sequence's cache, and the blocks
         the kernel path's rows filled (decodes, a graph's prompt chunks), read from the window during the step, are
-        compressed, every layer's (prompt chunks on the PyTorch path compress theirs as they write them)."""
+        compressed, every layer's, with those of eager prompt chunks where `defer_prompt_blocks` (else each layer
+        compressed them as it wrote them)."""
         for part in (batch, batch.decodes and batch.decodes[1]):
             meta = part.decode_meta if part else None
             if meta is None or not self.windowed:
@@ -342,7 +343,7 @@ class PagedKVCache:
             return self._attend_decode(layer, q, k_store, k_rot, v, batch)
         out = torch.empty_like(q)
         apart = self.decodes_apart(batch)
-        if apart is not None:  # the decodes through the kernel, all at once; only the prompt chunks one by one
+        if apart is not None:  # the decodes all at once; only the prompt chunks one by one
             rows, decodes = apart
             out[rows] = self._attend_decode(layer, q[rows], k_store[rows], k_rot[rows], v[rows], decodes)
         start = 0
