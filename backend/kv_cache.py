@@ -249,11 +249,12 @@ class PagedKVCache:
         the kernel path's rows filled (decodes, a graph's prompt chunks), read from the window during the step, are
         compressed, every layer's, with those of eager prompt chunks where `defer_prompt_blocks` (else each layer
         compressed them as it wrote them)."""
-        for part in (batch, batch.decodes and batch.decodes[1]):
-            meta = part.decode_meta if part else None
-            if meta is None or not self.windowed:
+        # rows read from the windows: the step's, or an eager step's decodes beside its prompt chunks (`decodes_apart`)
+        parts = [batch] + ([batch.decodes[1]] if batch.decodes else [])
+        for part in parts:
+            if part.decode_meta is None or not self.windowed:
                 continue
-            for i, pos in meta["closing"]:
+            for i, pos in part.decode_meta["closing"]:
                 seq = part.seqs[i]
                 start = pos + 1 - self.block_size
                 block = seq.block_table[start // self.block_size]

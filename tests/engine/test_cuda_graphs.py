@@ -135,6 +135,22 @@ def test_mixed_steps_give_the_eager_tokens(tmp_path, shape):
     assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
 
 
+def generate_with_arrivals(engine, prompts, max_tokens: int, arrivals) -> tuple[list, list]:
+    """Greedy answers to `prompts`: the first two start together, one more arrives at each step of `arrivals` while
+    they decode. Returns the answers and each step's plan, sorted (tokens cached before the step, tokens it takes)."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    rids, done, plans = [engine.add_request(None, params, prompt_ids=p) for p in prompts[:2]], {}, []
+    for step in range(400):
+        if step in arrivals:
+            rids.append(engine.add_request(None, params, prompt_ids=prompts[len(rids)]))
+        before = {id(s): s.kv.num_tokens for s in engine.running}
+        done |= {o.request_id: o.token_ids for o in engine.step() if o.finished}
+        plans.append(sorted((before.get(id(s), 0), n) for s, n in engine.plan))
+        if not engine.has_unfinished():
+            return [done[r] for r in rids], plans
+    raise AssertionError("not finished in 400 steps")
+
+
 @pytest.mark.parametrize("kv_format", ["alrkvd", "kivi4"])
 def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format):
     """Windowed formats (a sequence's newest block in a window slot): prompt chunks beside decodes end at their
@@ -151,18 +167,8 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format):
     # but not its window slots (it crosses a block), so it runs eagerly
     prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (5, bs + 20, 2 * bs + 7, bs - 3, bs + 1)]
 
-    def generate():
-        params = SamplingParams(max_tokens=bs + 4, temperature=0, ignore_eos=True)
-        rids, done, plans = [engine.add_request(None, params, prompt_ids=p) for p in prompts[:2]], {}, []
-        for step in range(400):
-            if step in (2, 3, 5):  # newcomers while the first decodes
-                rids.append(engine.add_request(None, params, prompt_ids=prompts[len(rids)]))
-            before = {id(s): s.kv.num_tokens for s in engine.running}
-            done |= {o.request_id: o.token_ids for o in engine.step() if o.finished}
-            plan = [(before.get(id(s), 0), n) for s, n in engine.plan]
-            plans.append(sorted(plan))
-            if not engine.has_unfinished():
-                return [done[r] for r in rids], plans
+    def generate():  # newcomers while the first decodes
+        return generate_with_arrivals(engine, prompts, bs + 4, (2, 3, 5))
 
     engine.graphs = StepGraphs(engine.model, engine.cache, 0 if DEVICE == "cpu" else 4, engine.max_model_len,
                                max_tokens=2 * bs, capture=False)  # CPU: no batch fits the runner, every step eager
@@ -191,17 +197,8 @@ def test_windowed_eager_steps_read_decodes_with_the_kernel(tmp_path, kv_format):
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (bs - 6, bs - 2, 2 * bs + 7, bs + 20, 3)]
 
-    def generate():
-        params = SamplingParams(max_tokens=bs + 4, temperature=0, ignore_eos=True)
-        rids, done, plans = [engine.add_request(None, params, prompt_ids=p) for p in prompts[:2]], {}, []
-        for step in range(400):
-            if step in (2, 5, 8):  # newcomers while the first two decode
-                rids.append(engine.add_request(None, params, prompt_ids=prompts[len(rids)]))
-            before = {id(s): s.kv.num_tokens for s in engine.running}
-            done |= {o.request_id: o.token_ids for o in engine.step() if o.finished}
-            plans.append(sorted((before.get(id(s), 0), n) for s, n in engine.plan))
-            if not engine.has_unfinished():
-                return [done[r] for r in rids], plans
+    def generate():  # newcomers while the first two decode
+        return generate_with_arrivals(engine, prompts, bs + 4, (2, 5, 8))
 
     engine.cache.decode_kernel = REFERENCES[kv_format]
     tokens, plans = generate()
