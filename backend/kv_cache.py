@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from backend.config import ModelConfig
 from backend.kv_formats import FORMATS
@@ -357,19 +358,17 @@ class PagedKVCache:
             k_past, v_past = self.read(layer, seq)
             keys = torch.cat([k_past, k_new]).transpose(0, 1)      # [Hkv, P+n, D]
             values = torch.cat([v_past, v_new]).transpose(0, 1)
-            mask = None
-            if n > 1:  # query i sees the past and new tokens up to itself
-                mask = torch.ones(n, P + n, dtype=torch.bool, device=q.device).tril(diagonal=P)
-            # a batch dim of 1: on the CPU, SDPA with enable_gqa takes its slow math path for 3-D inputs (5x)
-            k_sdpa, v_sdpa, gqa = keys, values, {"enable_gqa": True}
-            if mask is not None and q.is_cuda:  # there GQA with a mask takes the math path (every score in fp32):
-                group = q.shape[1] // keys.shape[0]  # heads repeated, the memory-efficient kernel reads the mask
-                k_sdpa, v_sdpa, gqa = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0), {}
-            o = F.scaled_dot_product_attention(q[start:start + n].transpose(0, 1)[None], k_sdpa[None], v_sdpa[None],
-                                               attn_mask=mask, **gqa)
+            # query i sees the past and the new tokens up to itself: causal aligned to the last key, which SDPA
+            # runs as flash attention on CUDA (GQA kept, no mask; a bool mask with GQA there takes the math path
+            # and holds every score in fp32), and as the mask elsewhere. A batch dim of 1: on the CPU, SDPA with
+            # enable_gqa takes its slow math path for 3-D inputs (5x)
+            causal = causal_lower_right(n, P + n) if n > 1 else None
+            o = F.scaled_dot_product_attention(q[start:start + n].transpose(0, 1)[None], keys[None], values[None],
+                                               attn_mask=causal, enable_gqa=True)
             out[start:start + n] = o[0].transpose(0, 1)
             received = None
             if self.window_attn is not None:  # per kv head, the mean over its query heads, summed over queries
+                mask = torch.ones(n, P + n, dtype=torch.bool, device=q.device).tril(diagonal=P) if n > 1 else None
                 p = attention_probs(q[start:start + n], keys, mask)                    # [Hq, n, P + n]
                 received = p.sum(1).view(keys.shape[0], -1, P + n).mean(1).t()          # [P + n, Hkv]
                 old = P % self.block_size  # tokens already in the window

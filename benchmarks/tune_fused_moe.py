@@ -42,6 +42,7 @@ def main() -> int:
     p.add_argument("--tokens", default="1,8,32,256")
     p.add_argument("--out-dir", type=Path, default=Path("kernels/configs"))
     p.add_argument("--report", type=Path, help="the timings as JSON")
+    p.add_argument("--block-m", type=int, help="this M tile instead of the launcher's `block_size_m` (to try others)")
     a = p.parse_args()
     dev = torch.device("cuda")
     s = SHAPES[a.model]
@@ -57,7 +58,7 @@ def main() -> int:
         x = torch.randn(T, H, device=dev, dtype=torch.bfloat16, generator=g)
         ids = torch.stack([torch.randperm(E, device=dev, generator=g)[:k] for _ in range(T)]).to(torch.int32)
         weights = torch.rand(T, k, device=dev, generator=g).softmax(-1).to(torch.bfloat16)
-        align = fm.moe_align_block_size(ids, fm.block_size_m(T * k, E), E)
+        align = fm.moe_align_block_size(ids, a.block_m or fm.block_size_m(T * k, E), E)
         act = torch.empty(T * k, inter, device=dev, dtype=torch.bfloat16)
         pairs = torch.empty(T * k, H, device=dev, dtype=torch.bfloat16)
         for glu in (True, False):
