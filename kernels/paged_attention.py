@@ -500,21 +500,7 @@ def _paged_tiles_stage1(
     bt_row = Block_tables + row0 * stride_btb
     k_head = K_cache + pid_kvh.to(tl.int64) * stride_kh
     v_head = V_cache + pid_kvh.to(tl.int64) * stride_vh
-    # keys every row of the tile sees (a chunk's history: most of a prefill's keys) need no mask
-    seen_by_all = tl.min(tl.where(mask_m, limit, ctx), 0) // BLOCK_N * BLOCK_N
-    unmasked_end = tl.maximum(start, tl.minimum(end, seen_by_all))
-    for start_n in range(start, unmasked_end, BLOCK_N):
-        _, _, k, v = load_kv_tile(bt_row, k_head, v_head, start_n, end, offs_n, offs_d, mask_d,
-                                  stride_kn, stride_kt, stride_vn, stride_vt, PAGE_SIZE)
-        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * qk_scale
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype).to(DOT_DTYPE), v.to(DOT_DTYPE),
-                                            input_precision=DOT_PRECISION)
-        m_i = m_new
-    for start_n in range(unmasked_end, end, BLOCK_N):
+    for start_n in range(start, end, BLOCK_N):
         tok, mask_n, k, v = load_kv_tile(bt_row, k_head, v_head, start_n, end, offs_n, offs_d, mask_d,
                                          stride_kn, stride_kt, stride_vn, stride_vt, PAGE_SIZE)
         s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * qk_scale
