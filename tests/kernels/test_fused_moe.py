@@ -110,12 +110,13 @@ def test_dtypes(dtype):
     _check(fused_moe(*args), fused_moe_ref(*args), dtype)
 
 
-@pytest.mark.parametrize("T, E, top_k", [(1, 8, 2), (3, 16, 8), (70, 4, 2), (9, 4, 1)])
+@pytest.mark.parametrize("T, E, top_k", [(1, 8, 2), (3, 16, 8), (70, 4, 2), (9, 4, 1), (130, 2, 2)])
 def test_shapes_and_tiles(T, E, top_k):
-    # decode (one token), many experts, prefill tiles (M-tile 32 for 35 pairs per expert), top-1
+    # decode (one token), many experts, prefill tiles (M-tile 32 for 35 pairs per expert; 128 for 130), top-1
     args = _case(T=T, H=32, I=48, E=E, top_k=top_k, dtype=torch.float32, seed=T)
     _check(fused_moe(*args), fused_moe_ref(*args), torch.float32)
-    assert block_size_m(70 * 2, 4) == 32 and block_size_m(200 * 2, 4) == 64 and block_size_m(8, 128) == 16
+    assert block_size_m(70 * 2, 4) == 32 and block_size_m(180 * 2, 4) == 64 and block_size_m(8, 128) == 16
+    assert block_size_m(2048 * 8, 128) == 128
 
 
 def test_unreduced_pairs_sum_to_the_output():
