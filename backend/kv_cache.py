@@ -273,6 +273,18 @@ class PagedKVCache:
         if not self.windowed:
             k, v = self.format.decode(layer, seq.block_table[:-(-P // bs)])
             k, v = k[:P], v[:P]
+        elif self.use_triton and self.kernels is not None and self.kernels.rebuild is not None:
+            # the closed blocks rebuilt in one launch, keys already rotated: only the window's need RoPE (no sink:
+            # the kernels are off with one)
+            self.wait_compressed()
+            closed, in_window = divmod(P, bs)
+            ids = torch.tensor(seq.block_table[:closed], dtype=torch.int32).to(self.device, non_blocking=True)
+            k, v = self.kernels.rebuild(self.kernel_layers[layer], ids, self.rotary.cos, self.rotary.sin, self.dtype)
+            wk = self.window_k[layer, seq.window_slot, :in_window]
+            if self.rope_on_read:
+                tables = (self.rotary.cos, self.rotary.signed_sin)
+                wk = self.rotary.rotate(wk, *(t[closed * bs:P, None].to(wk.dtype) for t in tables))
+            return torch.cat([k, wk]), torch.cat([v, self.window_v[layer, seq.window_slot, :in_window]])
         else:
             self.wait_compressed()
             closed, in_window = divmod(P, bs)

@@ -891,6 +891,126 @@ def alrkvd_decode_attention(
 
 
 # ----------------------------------------------------------------------------------------------
+# Closed blocks rebuilt as dense keys and values (a prompt chunk's history, for flash attention)
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _stream_low_rank(Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero, block, stream, cols, offs_t,
+                     offs_r, offs_s, stride_rn, stride_bn, stride_br, stride_bsn, stride_ln, stride_lt, stride_lr,
+                     stride_lsn, NUM_STREAMS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Block `block`'s low-rank part of one stream, latents @ basis [T, len(cols)], of the basis columns `cols`."""
+    ranks = tl.load(Ranks + block * stride_rn + offs_s, mask=offs_s < NUM_STREAMS, other=0).to(tl.int32)
+    rows = tl.sum(tl.where(offs_s < stream, ranks, 0), 0) + offs_r  # the stream's basis rows
+    mask_r = offs_r < tl.sum(tl.where(offs_s == stream, ranks, 0), 0)
+    basis = tl.load(Basis + block * stride_bn + rows[:, None] * stride_br + cols[None, :], mask=mask_r[:, None],
+                    other=0)
+    basis = basis.to(tl.float32) * tl.load(Basis_scale + block * stride_bsn + rows, mask=mask_r,
+                                           other=0).to(tl.float32)[:, None]
+    lat = tl.load(Latent + block * stride_ln + offs_t[:, None] * stride_lt + rows[None, :] * stride_lr,
+                  mask=mask_r[None, :], other=0)
+    scale = tl.load(Latent_scale + block * stride_lsn + rows, mask=mask_r, other=0).to(tl.float32)
+    zero = tl.load(Latent_zero + block * stride_lsn + rows, mask=mask_r, other=0).to(tl.float32)
+    lat = lat.to(tl.float32) * scale[None, :] + zero[None, :]  # rows past the stream's rank: 0
+    return tl.dot(lat, basis, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _dense_residual(Resid, Rscale, Rzero, block, h, offs_t, offs_d, stride_rn, stride_rt, stride_rh, stride_rc,
+                    stride_sn, stride_st, stride_sh, HEAD_DIM: tl.constexpr, BITS: tl.constexpr):
+    """Block `block`'s residual [T, D] of head h: column j's code sits in byte j % (D * BITS / 8), at bit
+    (j // (D * BITS / 8)) * BITS (backend.kv_formats.pack_bits' runs); codes * scale + zero per token."""
+    NB: tl.constexpr = HEAD_DIM * BITS // 8
+    byte = tl.load(Resid + block * stride_rn + h * stride_rh + offs_t[:, None] * stride_rt
+                   + (offs_d % NB)[None, :] * stride_rc).to(tl.int32)
+    code = (byte >> ((offs_d // NB) * BITS)[None, :]) & ((1 << BITS) - 1)
+    scales = block * stride_sn + h * stride_sh + offs_t * stride_st
+    scale = tl.load(Rscale + scales).to(tl.float32)
+    zero = tl.load(Rzero + scales).to(tl.float32)
+    return code.to(tl.float32) * scale[:, None] + zero[:, None]
+
+
+@triton.jit
+def _alrkvd_rebuild_kernel(
+    Blocks, Cos, Sin, Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero,
+    K_resid, K_rscale, K_rzero, V_resid, V_rscale, V_rzero, K_out, V_out,
+    stride_cos, stride_rn, stride_bn, stride_br, stride_bsn, stride_ln, stride_lt, stride_lr, stride_lsn,
+    stride_krn, stride_krt, stride_krh, stride_ksn, stride_kst, stride_ksh,
+    stride_vrn, stride_vrt, stride_vrh, stride_vrc, stride_vsn, stride_vst, stride_vsh,
+    stride_on, stride_oh,
+    NUM_KV_HEADS: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_S: tl.constexpr, K_BITS: tl.constexpr, V_BITS: tl.constexpr, ROTATED_KEYS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Grid (blocks, kv heads): block i of `Blocks` (a sequence's i-th, tokens at positions i * T + t) rebuilt for
+    one head as the decode kernel reads it: keys rotated, values, into rows i * T .. of K_out, V_out."""
+    i = tl.program_id(0)
+    h = tl.program_id(1)
+    block = tl.load(Blocks + i).to(tl.int64)
+    offs_t = tl.arange(0, BLOCK_SIZE)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_s = tl.arange(0, BLOCK_S)
+    out = (i * BLOCK_SIZE + offs_t)[:, None] * stride_on + h * stride_oh + offs_d[None, :]
+
+    k = _stream_low_rank(Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero, block, h, offs_d, offs_t,
+                         offs_r, offs_s, stride_rn, stride_bn, stride_br, stride_bsn, stride_ln, stride_lt, stride_lr,
+                         stride_lsn, 2 * NUM_KV_HEADS, DOT_PRECISION)
+    if not ROTATED_KEYS:  # post_rope: the low-rank part is before RoPE; rotate it by each token's position
+        half: tl.constexpr = HEAD_DIM // 2
+        swapped = _stream_low_rank(Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero, block, h,
+                                   (offs_d + half) % HEAD_DIM, offs_t, offs_r, offs_s, stride_rn, stride_bn,
+                                   stride_br, stride_bsn, stride_ln, stride_lt, stride_lr, stride_lsn,
+                                   2 * NUM_KV_HEADS, DOT_PRECISION)
+        pos = (i * BLOCK_SIZE + offs_t)[:, None] * stride_cos + offs_d[None, :]
+        sign = tl.where(offs_d < half, -1.0, 1.0)[None, :]  # rotate_half(x) = (-x2, x1)
+        k = k * tl.load(Cos + pos) + swapped * sign * tl.load(Sin + pos)
+    k += _dense_residual(K_resid, K_rscale, K_rzero, block, h, offs_t, offs_d, stride_krn, stride_krt, stride_krh,
+                         1, stride_ksn, stride_kst, stride_ksh, HEAD_DIM, K_BITS)
+    tl.store(K_out + out, k.to(K_out.dtype.element_ty))
+    v = _stream_low_rank(Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero, block, NUM_KV_HEADS + h,
+                         offs_d, offs_t, offs_r, offs_s, stride_rn, stride_bn, stride_br, stride_bsn, stride_ln,
+                         stride_lt, stride_lr, stride_lsn, 2 * NUM_KV_HEADS, DOT_PRECISION)
+    v += _dense_residual(V_resid, V_rscale, V_rzero, block, h, offs_t, offs_d, stride_vrn, stride_vrt, stride_vrh,
+                         stride_vrc, stride_vsn, stride_vst, stride_vsh, HEAD_DIM, V_BITS)
+    tl.store(V_out + out, v.to(V_out.dtype.element_ty))
+
+
+def alrkvd_rebuild_blocks(cache: AlrkvdLayer, blocks: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys (rotated) and values `[len(blocks) * T, Hkv, D]` in `dtype` of closed blocks taken as a sequence's first
+    blocks (token i at position i): `alrkvd_decode_blocks_ref`'s result in one launch, with the decode kernel's
+    storage contract (`AlrkvdLayer`). For a prompt chunk's history: its attention then runs as flash attention over
+    these, where the decode kernel would read the compressed blocks once per query row. No host sync."""
+    H, D, T = cache.num_kv_heads, cache.head_dim, cache.block_size
+    assert blocks.dtype == torch.int32 and blocks.dim() == 1
+    assert D & (D - 1) == 0 and T & (T - 1) == 0 and T >= 16, "head_dim and block_size: powers of two, T >= 16"
+    assert cache.latent_scale.stride() == cache.latent_zero.stride() and cache.k_resid.stride(-1) == 1
+    assert cache.k_rzero.stride() == cache.k_rscale.stride() and cache.v_rzero.stride() == cache.v_rscale.stride()
+    n = blocks.numel()
+    k_out = torch.empty(n * T, H, D, dtype=dtype, device=blocks.device)
+    v_out = torch.empty_like(k_out)
+    if n == 0:
+        return k_out, v_out
+    assert cache.rotated_keys or cos.shape[0] >= n * T
+    _alrkvd_rebuild_kernel[(n, H)](
+        blocks, cos, sin, cache.ranks, cache.basis, cache.basis_scale, cache.latent, cache.latent_scale,
+        cache.latent_zero, cache.k_resid, cache.k_rscale, cache.k_rzero, cache.v_resid, cache.v_rscale, cache.v_rzero,
+        k_out, v_out,
+        cos.stride(0), cache.ranks.stride(0), cache.basis.stride(0), cache.basis.stride(1), cache.basis_scale.stride(0),
+        cache.latent.stride(0), cache.latent.stride(1), cache.latent.stride(2), cache.latent_scale.stride(0),
+        cache.k_resid.stride(0), cache.k_resid.stride(1), cache.k_resid.stride(2),
+        cache.k_rscale.stride(0), cache.k_rscale.stride(1), cache.k_rscale.stride(2),
+        cache.v_resid.stride(0), cache.v_resid.stride(1), cache.v_resid.stride(2), cache.v_resid.stride(3),
+        cache.v_rscale.stride(0), cache.v_rscale.stride(1), cache.v_rscale.stride(2),
+        k_out.stride(0), k_out.stride(1),
+        NUM_KV_HEADS=H, BLOCK_SIZE=T, HEAD_DIM=D, BLOCK_R=max(16, triton.next_power_of_2(cache.rank_max)),
+        BLOCK_S=triton.next_power_of_2(2 * H), K_BITS=cache.k_bits, V_BITS=cache.v_bits,
+        ROTATED_KEYS=cache.rotated_keys, DOT_PRECISION="tf32" if blocks.is_cuda else "ieee",  # tf32: the decode
+        # kernel's own operands are fp16
+    )
+    return k_out, v_out
+
+
+# ----------------------------------------------------------------------------------------------
 # PyTorch reference
 # ----------------------------------------------------------------------------------------------
 def _unpack_ref(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:

@@ -26,6 +26,9 @@ class FormatKernels(NamedTuple):
                                       # steps attend sequence by sequence, outside CUDA graphs
     stores_as_is: bool = False        # page-addressed formats whose `layers` hold keys and values as they come:
                                       # a step's are written with kernels.paged_attention.store_kv
+    rebuild: Callable | None = None   # windowed formats: a sequence's closed blocks as dense keys (rotated) and
+                                      # values in one launch (kernels.alrkvd_attention.alrkvd_rebuild_blocks); None:
+                                      # the format's decode
 
 
 class KVFormat:

@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 import kernels.alrkvd_attention as alrkvd_mod  # noqa: E402
 from kernels.alrkvd_attention import (  # noqa: E402
-    alrkvd_decode_attention, alrkvd_decode_attention_ref, alrkvd_decode_blocks_ref, rope_ref,
+    alrkvd_decode_attention, alrkvd_decode_attention_ref, alrkvd_decode_blocks_ref, alrkvd_rebuild_blocks, rope_ref,
 )
 
 from alrkvd_cases import build_alrkvd_case  # noqa: E402  (tests/kernels/alrkvd_cases.py)
@@ -186,3 +186,23 @@ def test_smollm2_keys_values(layer, key_frame):
     q = torch.stack([rope_ref(q_pre[-4 + i][None], case["cos"][[n - 1]], case["sin"][[n - 1]])[0]
                      for i, n in enumerate(lengths)]).half()
     _check(q, case, num_splits=3)
+
+
+@pytest.mark.parametrize("key_frame,options", [
+    ("rotated", {"rank_per_head": 8.0}),
+    ("post_rope", {"rank_per_head": 8.0}),
+    ("rotated", {"k_bits": 8, "v_bits": 2, "rank_min": 4, "rank_max": 16, "rank_per_head": 8.0}),  # mixed ranks
+])
+def test_rebuilt_blocks_equal_the_reference(key_frame, options):
+    # a sequence's closed blocks rebuilt as dense keys (rotated) and values in one launch (a prompt chunk's history)
+    q, case = _random_case([3 * 32 + 5], num_kv_heads=2, gqa=1, head_dim=64, block_size=32, seed=17,
+                           key_frame=key_frame, **options)
+    case = to_device({k: v for k, v in case.items() if k != "fmt"}, DEVICE)
+    blocks = case["block_tables"][0, :3]
+    k, v = alrkvd_rebuild_blocks(case["cache"], blocks, case["cos"], case["sin"], torch.float32)
+    k_ref, v_ref = alrkvd_decode_blocks_ref(case["cache"], blocks, case["cos"], case["sin"])
+    assert k.shape == v.shape == (3 * 32, 2, 64)
+    torch.testing.assert_close(v, v_ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(k, k_ref, atol=1e-4, rtol=1e-4)
+    half = alrkvd_rebuild_blocks(case["cache"], blocks[1:2], case["cos"], case["sin"], torch.float16)
+    assert half[0].dtype == torch.float16 and half[0].shape == (32, 2, 64)
