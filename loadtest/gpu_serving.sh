@@ -14,12 +14,12 @@
 #   source .device/setup.sh && bash loadtest/gpu_serving.sh "$OUT" [STEPS] [STEP_TIME] [MODELS] [TENANTS]
 # Long-context tenants (issue 36), fp16 against ALR-KVD at the same KV budget, prepared here with
 #   python -m server.dummy_repository --out reports/gpu_repository --name qwen3_30b_long_fp16 --kv-format fp16 \
-#     --kv-budget-gb 8 --max-model-len 40960 --max-num-seqs 64     (and _long_alrkvd with --kv-format alrkvd-gpu)
+#     --kv-budget-gb 8 --max-model-len 40960 --max-num-seqs 64 --max-step-ms 80 --cuda-graph-max-tokens 2048
+# (and _long_alrkvd with --kv-format alrkvd-gpu --cuda-graph-max-tokens 0: its mixed steps eager, chunks uncut)
 # run there with TENANTS loadtest/tenants_long.yaml; `python -m loadtest.compare OUT/A OUT/B --out OUT/compare`
-# puts the runs side by side (sessions held at the SLO, goodput). First run (H100, 2026-12-05, BENCHMARKS.md
-# section 5): beside decodes the graphs cut prompt chunks to 256 tokens (`fp16`) or a 64-token block (ALR-KVD).
-# Next to try: `--max-step-ms 80` with `--cuda-graph-max-tokens 2048` (fp16: chunks sized by the step-time curve, in
-# graphs) or `--cuda-graph-max-tokens 0` (ALR-KVD: mixed steps eager, chunks uncut, decodes read by the kernel).
+# puts the runs side by side (sessions held at the SLO, goodput). Second run (H100, 2026-12-05, BENCHMARKS.md
+# section 5): `fp16` within SLO to 16 users, ALR-KVD at none (steps of about 210 ms: the history rebuilt in PyTorch
+# for every chunk and layer; one kernel launch a layer since, not rerun).
 set -u
 out=${1:?usage: gpu_serving.sh OUT_DIR [STEPS] [STEP_TIME] [MODELS] [TENANTS]}
 steps=${2:-1,8,32}
