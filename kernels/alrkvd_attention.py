@@ -1006,6 +1006,8 @@ def alrkvd_rebuild_blocks(cache: AlrkvdLayer, blocks: torch.Tensor, cos: torch.T
         BLOCK_S=triton.next_power_of_2(2 * H), K_BITS=cache.k_bits, V_BITS=cache.v_bits,
         ROTATED_KEYS=cache.rotated_keys, DOT_PRECISION="tf32" if blocks.is_cuda else "ieee",  # tf32: the decode
         # kernel's own operands are fp16
+        num_warps=4 if cache.rotated_keys else 8,  # sm_90 build (kernels.aot_check): 129 / 178 registers, no spill;
+        # post_rope's second low-rank product at 4 warps spills 160 bytes
     )
     return k_out, v_out
 

@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 import time
 
+import torch
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
@@ -91,6 +92,14 @@ def main() -> None:
          dict(num_warps=c["num_warps"], num_stages=c["num_stages"]))
         for rot, r, c in alr_launches
     ] + [
+        (f"alrkvd rebuild of closed blocks ({'rotated' if rot else 'post_rope'} keys, T=64, 4 bits)",
+         alrkvd_attention._alrkvd_rebuild_kernel,
+         dict(alr_ptrs, Blocks="i32", K_out="bf16", V_out="bf16"), set(),
+         dict(NUM_KV_HEADS=4, BLOCK_SIZE=64, HEAD_DIM=128, BLOCK_R=16, BLOCK_S=8, K_BITS=4, V_BITS=4,
+              ROTATED_KEYS=rot, DOT_PRECISION="tf32", stride_lt=1, stride_kst=1, stride_vst=1, stride_vrt=1),
+         dict(num_warps=4 if rot else 8))
+        for rot in (True, False)
+    ] + [
         ("kivi stage 1 (2 bits, D=128, G=4)", kivi_attention._kivi_decode_stage1,
          dict(Q="fp16", Block_tables="i32", Seq_lens="i32", Window_slots="i32", Window_k="fp16", Window_v="fp16",
               K_codes="u8", K_scale="fp16", K_zero="fp16", V_codes="u8", V_scale="fp16", V_zero="fp16",
@@ -133,6 +142,13 @@ def main() -> None:
          dict(TOP_K=1, HAS_SLOT_MAP=False, GLU=False, MUL_ROUTED_WEIGHT=True, DOT_DTYPE=tl.bfloat16,
               PRECISION="tf32", BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1),
          dict(num_warps=4, num_stages=4)),
+        ("fused moe, gate/up of a 2,048-token chunk (M=128)", fused_moe._fused_moe_kernel,
+         dict(A="bf16", B="bf16", C="bf16", Topk_weights="bf16", Sorted_token_ids="i32", Expert_ids="i32",
+              Num_tokens_post_padded="i32", Slot_map="i32"), set(),
+         dict(TOP_K=8, HAS_SLOT_MAP=False, GLU=True, MUL_ROUTED_WEIGHT=False, DOT_DTYPE=tl.bfloat16,
+              PRECISION="tf32", BLOCK_SIZE_M=128, **{k: v for k, v in fused_moe._default_config(128, torch.device("cuda")).items()
+                                                     if k.isupper()}),
+         {k: v for k, v in fused_moe._default_config(128, torch.device("cuda")).items() if not k.isupper()}),
         ("store kv (4 heads of 128)", paged_attention._store_kv_kernel,
          dict(K="bf16", V="bf16", K_dst="bf16", V_dst="bf16", Rows="i64", Offsets="i64"), set(),
          dict(ROW=512, BLOCK=512), dict(num_warps=1)),
