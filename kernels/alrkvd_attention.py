@@ -62,7 +62,7 @@ then `merge_if_last`. The helpers are inlined when compiled: the same code as on
 (`-lineinfo`) that Triton gives ptxas, which can move an instruction here and there in the schedule.
 
 Public: `KERNEL_OPTIONS`, `kernel_options`, `AlrkvdLayer` (the per-layer views), `alrkvd_decode_attention`,
-`alrkvd_decode_attention_ref`. Nothing runs at import.
+`alrkvd_decode_attention_ref`, `alrkvd_rebuild_blocks` (closed blocks to dense keys and values, for prefill). Nothing runs at import.
 """
 from __future__ import annotations
 
