@@ -894,22 +894,16 @@ def alrkvd_decode_attention(
 # Closed blocks rebuilt as dense keys and values (a prompt chunk's history, for flash attention)
 # ----------------------------------------------------------------------------------------------
 @triton.jit
-def _stream_low_rank(Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero, block, stream, cols, offs_t,
-                     offs_r, offs_s, stride_rn, stride_bn, stride_br, stride_bsn, stride_ln, stride_lt, stride_lr,
-                     stride_lsn, NUM_STREAMS: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Block `block`'s low-rank part of one stream, latents @ basis [T, len(cols)], of the basis columns `cols`."""
-    ranks = tl.load(Ranks + block * stride_rn + offs_s, mask=offs_s < NUM_STREAMS, other=0).to(tl.int32)
-    rows = tl.sum(tl.where(offs_s < stream, ranks, 0), 0) + offs_r  # the stream's basis rows
-    mask_r = offs_r < tl.sum(tl.where(offs_s == stream, ranks, 0), 0)
-    basis = tl.load(Basis + block * stride_bn + rows[:, None] * stride_br + cols[None, :], mask=mask_r[:, None],
-                    other=0)
-    basis = basis.to(tl.float32) * tl.load(Basis_scale + block * stride_bsn + rows, mask=mask_r,
-                                           other=0).to(tl.float32)[:, None]
-    lat = tl.load(Latent + block * stride_ln + offs_t[:, None] * stride_lt + rows[None, :] * stride_lr,
-                  mask=mask_r[None, :], other=0)
-    scale = tl.load(Latent_scale + block * stride_lsn + rows, mask=mask_r, other=0).to(tl.float32)
-    zero = tl.load(Latent_zero + block * stride_lsn + rows, mask=mask_r, other=0).to(tl.float32)
-    lat = lat.to(tl.float32) * scale[None, :] + zero[None, :]  # rows past the stream's rank: 0
+def _stream_low_rank(Basis_blk, Latent_blk, off, mask_r, basis_scale, latent_scale, latent_zero, cols, offs_t, offs_r,
+                     stride_br, stride_lt, stride_lr, DOT_PRECISION: tl.constexpr):
+    """A block's low-rank part of one stream (its basis rows from `off`, `mask_r` of its rank, the scales of
+    `_stream_scales`), latents @ basis [T, len(cols)], of the basis columns `cols`."""
+    rows = off + offs_r
+    basis = tl.load(Basis_blk + rows[:, None] * stride_br + cols[None, :], mask=mask_r[:, None], other=0)
+    basis = basis.to(tl.float32) * basis_scale.to(tl.float32)[:, None]
+    lat = tl.load(Latent_blk + offs_t[:, None] * stride_lt + rows[None, :] * stride_lr, mask=mask_r[None, :], other=0)
+    # rows past the stream's rank: scale and zero 0, so 0
+    lat = lat.to(tl.float32) * latent_scale.to(tl.float32)[None, :] + latent_zero.to(tl.float32)[None, :]
     return tl.dot(lat, basis, input_precision=DOT_PRECISION)
 
 
@@ -932,7 +926,7 @@ def _dense_residual(Resid, Rscale, Rzero, block, h, offs_t, offs_d, stride_rn, s
 def _alrkvd_rebuild_kernel(
     Blocks, Cos, Sin, Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero,
     K_resid, K_rscale, K_rzero, V_resid, V_rscale, V_rzero, K_out, V_out,
-    stride_cos, stride_rn, stride_bn, stride_br, stride_bsn, stride_ln, stride_lt, stride_lr, stride_lsn,
+    stride_cos, stride_rn, stride_bn, stride_br, stride_bsn, stride_ln, stride_lt, stride_lr,
     stride_krn, stride_krt, stride_krh, stride_ksn, stride_kst, stride_ksh,
     stride_vrn, stride_vrt, stride_vrh, stride_vrc, stride_vsn, stride_vst, stride_vsh,
     stride_on, stride_oh,
@@ -950,25 +944,26 @@ def _alrkvd_rebuild_kernel(
     offs_r = tl.arange(0, BLOCK_R)
     offs_s = tl.arange(0, BLOCK_S)
     out = (i * BLOCK_SIZE + offs_t)[:, None] * stride_on + h * stride_oh + offs_d[None, :]
+    rk = tl.load(Ranks + block * stride_rn + offs_s, mask=offs_s < 2 * NUM_KV_HEADS, other=0)
+    off_k, mk, off_v, mv = _stream_rows(rk, offs_s, offs_r, h, NUM_KV_HEADS)
+    bk_s, lk_s, lk_z, bv_s, lv_s, lv_z = _stream_scales(block, rk, offs_s, offs_r, h, Basis_scale, Latent_scale,
+                                                        Latent_zero, stride_bsn, NUM_KV_HEADS)
+    basis_blk, lat_blk = Basis + block * stride_bn, Latent + block * stride_ln
 
-    k = _stream_low_rank(Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero, block, h, offs_d, offs_t,
-                         offs_r, offs_s, stride_rn, stride_bn, stride_br, stride_bsn, stride_ln, stride_lt, stride_lr,
-                         stride_lsn, 2 * NUM_KV_HEADS, DOT_PRECISION)
+    k = _stream_low_rank(basis_blk, lat_blk, off_k, mk, bk_s, lk_s, lk_z, offs_d, offs_t, offs_r, stride_br,
+                         stride_lt, stride_lr, DOT_PRECISION)
     if not ROTATED_KEYS:  # post_rope: the low-rank part is before RoPE; rotate it by each token's position
         half: tl.constexpr = HEAD_DIM // 2
-        swapped = _stream_low_rank(Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero, block, h,
-                                   (offs_d + half) % HEAD_DIM, offs_t, offs_r, offs_s, stride_rn, stride_bn,
-                                   stride_br, stride_bsn, stride_ln, stride_lt, stride_lr, stride_lsn,
-                                   2 * NUM_KV_HEADS, DOT_PRECISION)
+        swapped = _stream_low_rank(basis_blk, lat_blk, off_k, mk, bk_s, lk_s, lk_z, (offs_d + half) % HEAD_DIM,
+                                   offs_t, offs_r, stride_br, stride_lt, stride_lr, DOT_PRECISION)
         pos = (i * BLOCK_SIZE + offs_t)[:, None] * stride_cos + offs_d[None, :]
         sign = tl.where(offs_d < half, -1.0, 1.0)[None, :]  # rotate_half(x) = (-x2, x1)
         k = k * tl.load(Cos + pos) + swapped * sign * tl.load(Sin + pos)
     k += _dense_residual(K_resid, K_rscale, K_rzero, block, h, offs_t, offs_d, stride_krn, stride_krt, stride_krh,
                          1, stride_ksn, stride_kst, stride_ksh, HEAD_DIM, K_BITS)
     tl.store(K_out + out, k.to(K_out.dtype.element_ty))
-    v = _stream_low_rank(Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero, block, NUM_KV_HEADS + h,
-                         offs_d, offs_t, offs_r, offs_s, stride_rn, stride_bn, stride_br, stride_bsn, stride_ln,
-                         stride_lt, stride_lr, stride_lsn, 2 * NUM_KV_HEADS, DOT_PRECISION)
+    v = _stream_low_rank(basis_blk, lat_blk, off_v, mv, bv_s, lv_s, lv_z, offs_d, offs_t, offs_r, stride_br,
+                         stride_lt, stride_lr, DOT_PRECISION)
     v += _dense_residual(V_resid, V_rscale, V_rzero, block, h, offs_t, offs_d, stride_vrn, stride_vrt, stride_vrh,
                          stride_vrc, stride_vsn, stride_vst, stride_vsh, HEAD_DIM, V_BITS)
     tl.store(V_out + out, v.to(V_out.dtype.element_ty))
@@ -983,7 +978,8 @@ def alrkvd_rebuild_blocks(cache: AlrkvdLayer, blocks: torch.Tensor, cos: torch.T
     H, D, T = cache.num_kv_heads, cache.head_dim, cache.block_size
     assert blocks.dtype == torch.int32 and blocks.dim() == 1
     assert D & (D - 1) == 0 and T & (T - 1) == 0 and T >= 16, "head_dim and block_size: powers of two, T >= 16"
-    assert cache.latent_scale.stride() == cache.latent_zero.stride() and cache.k_resid.stride(-1) == 1
+    assert cache.basis_scale.stride() == cache.latent_scale.stride() == cache.latent_zero.stride()  # one stride_bsn
+    assert cache.k_resid.stride(-1) == 1
     assert cache.k_rzero.stride() == cache.k_rscale.stride() and cache.v_rzero.stride() == cache.v_rscale.stride()
     n = blocks.numel()
     k_out = torch.empty(n * T, H, D, dtype=dtype, device=blocks.device)
@@ -996,7 +992,7 @@ def alrkvd_rebuild_blocks(cache: AlrkvdLayer, blocks: torch.Tensor, cos: torch.T
         cache.latent_zero, cache.k_resid, cache.k_rscale, cache.k_rzero, cache.v_resid, cache.v_rscale, cache.v_rzero,
         k_out, v_out,
         cos.stride(0), cache.ranks.stride(0), cache.basis.stride(0), cache.basis.stride(1), cache.basis_scale.stride(0),
-        cache.latent.stride(0), cache.latent.stride(1), cache.latent.stride(2), cache.latent_scale.stride(0),
+        cache.latent.stride(0), cache.latent.stride(1), cache.latent.stride(2),
         cache.k_resid.stride(0), cache.k_resid.stride(1), cache.k_resid.stride(2),
         cache.k_rscale.stride(0), cache.k_rscale.stride(1), cache.k_rscale.stride(2),
         cache.v_resid.stride(0), cache.v_resid.stride(1), cache.v_resid.stride(2), cache.v_resid.stride(3),
@@ -1006,7 +1002,7 @@ def alrkvd_rebuild_blocks(cache: AlrkvdLayer, blocks: torch.Tensor, cos: torch.T
         BLOCK_S=triton.next_power_of_2(2 * H), K_BITS=cache.k_bits, V_BITS=cache.v_bits,
         ROTATED_KEYS=cache.rotated_keys, DOT_PRECISION="tf32" if blocks.is_cuda else "ieee",  # tf32: the decode
         # kernel's own operands are fp16
-        num_warps=4 if cache.rotated_keys else 8,  # sm_90 build (kernels.aot_check): 129 / 178 registers, no spill;
+        num_warps=4 if cache.rotated_keys else 8,  # sm_90 build (kernels.aot_check): 128 / 182 registers, no spill;
         # post_rope's second low-rank product at 4 warps spills 160 bytes
     )
     return k_out, v_out
