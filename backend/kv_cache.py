@@ -272,34 +272,33 @@ class PagedKVCache:
         bs = self.block_size
         if not self.windowed:
             k, v = self.format.decode(layer, seq.block_table[:-(-P // bs)])
-            k, v = k[:P], v[:P]
-        elif self.use_triton and self.kernels is not None and self.kernels.rebuild is not None:
+            return self._rope_on_read(k[:P], 0), v[:P]
+        self.wait_compressed()
+        closed, in_window = divmod(P, bs)
+        if self.use_triton and self.kernels is not None and self.kernels.rebuild is not None:
             # the closed blocks rebuilt in one launch, keys already rotated: only the window's need RoPE (no sink:
             # the kernels are off with one)
-            self.wait_compressed()
-            closed, in_window = divmod(P, bs)
             ids = torch.tensor(seq.block_table[:closed], dtype=torch.int32).to(self.device, non_blocking=True)
             k, v = self.kernels.rebuild(self.kernel_layers[layer], ids, self.rotary.cos, self.rotary.sin, self.dtype)
-            wk = self.window_k[layer, seq.window_slot, :in_window]
-            if self.rope_on_read:
-                tables = (self.rotary.cos, self.rotary.signed_sin)
-                wk = self.rotary.rotate(wk, *(t[closed * bs:P, None].to(wk.dtype) for t in tables))
-            return torch.cat([k, wk]), torch.cat([v, self.window_v[layer, seq.window_slot, :in_window]])
         else:
-            self.wait_compressed()
-            closed, in_window = divmod(P, bs)
             k, v = self.format.decode(layer, seq.block_table[:closed])
             if closed and self.sink_tokens:
                 n = self.sink_tokens
                 k = torch.cat([self.sink_k[layer, seq.window_slot], k[n:]])
                 v = torch.cat([self.sink_v[layer, seq.window_slot], v[n:]])
-            if in_window:
-                k = torch.cat([k, self.window_k[layer, seq.window_slot, :in_window]])
-                v = torch.cat([v, self.window_v[layer, seq.window_slot, :in_window]])
-        if self.rope_on_read:  # positions 0..P-1: the tables' first rows, no gather
-            cos, signed_sin = (t[:P, None].to(k.dtype) for t in (self.rotary.cos, self.rotary.signed_sin))
-            k = self.rotary.rotate(k, cos, signed_sin)
+            k = self._rope_on_read(k, 0)
+        if in_window:
+            wk, wv = (w[layer, seq.window_slot, :in_window] for w in (self.window_k, self.window_v))
+            k, v = torch.cat([k, self._rope_on_read(wk, closed * bs)]), torch.cat([v, wv])
         return k, v
+
+    def _rope_on_read(self, k: torch.Tensor, first: int) -> torch.Tensor:
+        """Keys of positions first.. as attention reads them: rotated where the format keeps them before RoPE
+        (`rope_on_read`; the tables' rows first.., no gather)."""
+        if not self.rope_on_read:
+            return k
+        tables = (self.rotary.cos, self.rotary.signed_sin)
+        return self.rotary.rotate(k, *(t[first:first + k.shape[0], None].to(k.dtype) for t in tables))
 
     def write(self, layer: int, seq: SeqKV, k: torch.Tensor, v: torch.Tensor, received: torch.Tensor | None = None):
         """Append keys (in the format's convention: rotated or not) and values after the cached tokens.
