@@ -34,8 +34,9 @@ def main() -> int:
     if a.tile_rows:
         import kernels.paged_attention as pa
         pa.TILE_ROWS = a.tile_rows
+    graphs = bool(a.batch or a.graphs)  # mixed steps beside decodes always replay graphs
     engine = dummy_engine("qwen3-30b-a3b", "fp16", kv_budget_bytes=16 << 30, max_num_seqs=64,
-                          cuda_graph_max_tokens=a.tokens if a.batch or a.graphs else 0)
+                          cuda_graph_max_tokens=a.tokens if graphs else 0)
     cache = engine.cache
 
     def synthetic(prompt_len, cached, max_tokens):
@@ -85,7 +86,7 @@ def main() -> int:
     for r in rows[:25]:
         print(f"{r['ms_per_step']:7.3f} ms {r['launches_per_step']:6.0f}x  {r['kernel']}")
     if a.out:
-        Path(a.out).write_text(json.dumps({"batch": a.batch, "context": a.context, "graphs": bool(a.batch or a.graphs),
+        Path(a.out).write_text(json.dumps({"batch": a.batch, "context": a.context, "graphs": graphs,
                                            "tokens": a.batch if a.decode else a.tokens,
                                            "step_ms": wall_ms, "gpu_ms_per_step": total, "kernels": rows}, indent=1))
     return 0

@@ -69,6 +69,7 @@ def main() -> None:
                      Latent="u8", Latent_scale="fp16", Latent_zero="fp16", K_resid="u8", K_rscale="fp16",
                      K_rzero="fp16", V_resid="u8", V_rscale="fp16", V_rzero="fp16")
     cfg = alrkvd_attention._DEFAULT_STAGE1
+    moe_prefill = fused_moe._default_config(128, torch.device("cuda"))  # the launcher's tiles at M=128
     # the strides that are 1 in the cache's layout are constants for the JIT too (it specializes ints equal to 1)
     alr_common = dict(NUM_KV_HEADS=8, GROUP=4, BLOCK_G=4, BLOCK_GN=8, MERGE_CHUNK=32, HEAD_DIM=128, BLOCK_SIZE=128,
                       BLOCK_S=16, K_BITS=2, V_BITS=2, ASM=True, stride_lt=1, stride_kst=1, stride_vst=1,
@@ -146,9 +147,8 @@ def main() -> None:
          dict(A="bf16", B="bf16", C="bf16", Topk_weights="bf16", Sorted_token_ids="i32", Expert_ids="i32",
               Num_tokens_post_padded="i32", Slot_map="i32"), set(),
          dict(TOP_K=8, HAS_SLOT_MAP=False, GLU=True, MUL_ROUTED_WEIGHT=False, DOT_DTYPE=tl.bfloat16,
-              PRECISION="tf32", BLOCK_SIZE_M=128, **{k: v for k, v in fused_moe._default_config(128, torch.device("cuda")).items()
-                                                     if k.isupper()}),
-         {k: v for k, v in fused_moe._default_config(128, torch.device("cuda")).items() if not k.isupper()}),
+              PRECISION="tf32", BLOCK_SIZE_M=128, **{k: v for k, v in moe_prefill.items() if k.isupper()}),
+         {k: v for k, v in moe_prefill.items() if not k.isupper()}),
         ("store kv (4 heads of 128)", paged_attention._store_kv_kernel,
          dict(K="bf16", V="bf16", K_dst="bf16", V_dst="bf16", Rows="i64", Offsets="i64"), set(),
          dict(ROW=512, BLOCK=512), dict(num_warps=1)),

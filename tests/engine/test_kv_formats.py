@@ -489,7 +489,6 @@ def test_prompt_chunks_read_history_rebuilt_by_the_kernel_as_the_format_decodes_
     (one launch, keys already rotated; RoPE on the window only): the same keys and values as the format's decode
     and RoPE on every token, and so the same attention over chunks that cross blocks."""
     from backend.kv_cache import AttentionBatch, SeqKV
-    from backend.model import Rotary
     from kernels.alrkvd_attention import kernel_options
     opts = {"block_size": "16", **kernel_options(D, key_frame=key_frame, rank_per_head=8.0)}
     (kernel_cache, rot), (decoded_cache, _) = (_cache("alrkvd", opts, attention_backend="triton") for _ in range(2))
