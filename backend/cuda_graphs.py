@@ -4,7 +4,7 @@ A graph holds the whole forward (embedding, every layer, the attention kernels, 
 the final norm) over static input buffers; a replay copies the step's tokens, positions and block tables
 into those buffers and launches the graph once.
 
-Two kinds of step replay a graph:
+Three kinds of step replay graphs:
 - decode steps, one graph per batch size (every size up to `max_batch`);
 - steps that carry prompt chunks beside decodes, up to `max_tokens` tokens, one graph per size bucket
   (`token_sizes`): the step's rows are padded to the bucket with rows that write and read the cache's
@@ -14,13 +14,19 @@ Two kinds of step replay a graph:
   decodes in one launch;
   windowed formats (ALR-KVD, KIVI) read every row as a decode of its own length, with chunks that end at
   their block's end (`PagedKVCache.mixed_rows_supported`, `mixed_chunk_limit`). The scheduler cuts prompt
-  chunks beside decodes to fit.
+  chunks beside decodes to fit;
+- with `piecewise` (EngineArgs.piecewise_graphs), windowed formats' chunks beside decodes are not cut, and
+  steps whose prompt chunks cross a block's end, up to `max_tokens` tokens, replay piecewise, as
+  vLLM captures: a graph of everything between two layers' attention (49 for 48 layers, per size bucket),
+  replayed in turn with each layer's attention run eagerly between them (`PagedKVCache.attend`: the closed
+  history rebuilt, flash attention, the decodes beside through the decode kernel), through static buffers of
+  its inputs and output. The attention launches a few kernels a layer; the rest of the step, hundreds.
 Graphs are captured the first time a size runs; `capture_all` captures every size up front (the server
 does, at start-up).
 
 What a graph cannot hold runs eagerly: larger steps (a prompt alone, in chunks of up to
-`max_num_batched_tokens`), windowed formats' prompt chunks that cross a block's end (prompts with nobody
-decoding beside them, which the scheduler does not cut), and the blocks a step fills, which
+`max_num_batched_tokens`), windowed formats' prompt chunks that cross a block's end without `piecewise` (prompts
+with nobody decoding beside them, which the scheduler does not cut), and the blocks a step fills, which
 `PagedKVCache.commit` compresses after it.
 Models whose experts stream from host memory are captured when the device decides which experts to copy
 (backend/graph_experts.py), not when the host does (backend/experts.py).
@@ -39,10 +45,11 @@ TOKEN_SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048)  # graph sizes of steps wi
 
 class StepGraphs:
     def __init__(self, model: Transformer, cache: PagedKVCache, max_batch: int, max_len: int, max_tokens: int = 0,
-                 capture: bool = True):
+                 capture: bool = True, piecewise: bool = False):
         """`max_tokens`: the most tokens of a step with prompt chunks that replays a graph (0, or a cache whose
-        rows cannot attend so, `PagedKVCache.mixed_rows_supported`: decode steps only). `capture=False` runs the same static buffers eagerly
-        (a CPU test of everything but the capture)."""
+        rows cannot attend so, `PagedKVCache.mixed_rows_supported`: decode steps only). `capture=False` runs the
+        same static buffers eagerly (a CPU test of everything but the capture). `piecewise`: windowed formats'
+        steps with chunks across blocks as graph pieces (the module's docstring)."""
         self.model, self.cache, self.max_batch, self.capture = model, cache, max_batch, capture
         self.max_tokens = max(max_tokens, max_batch) if max_tokens and cache.mixed_rows_supported() else 0
         self.token_sizes = [s for s in TOKEN_SIZES if s < self.max_tokens] + [self.max_tokens] if self.max_tokens else []
@@ -56,8 +63,15 @@ class StepGraphs:
         self.routed_ones = next((m.routed_ones for m in model.modules()
                                  if isinstance(m, MoE) and m.routed_ones is not None), None)
         self.top_k = model.cfg.num_experts_per_tok
-        self.graphs: dict[tuple[str, int], tuple | None] = {}  # ("decode", B) or ("mixed", T) -> (graph, hidden)
+        self.graphs: dict[tuple[str, int], tuple | None] = {}  # ("decode", B), ("mixed", T) -> (graph, hidden);
+        # ("pieces", T) -> ([graph per stretch between attentions], hidden)
         self.pool = None  # one memory pool shared by every graph (they never run at once)
+        self.piecewise = piecewise and bool(self.max_tokens) and cache.windowed
+        if self.piecewise:  # a layer's attention inputs and output between graph pieces
+            cfg, dtype = model.cfg, model.embed_tokens.weight.dtype
+            self.attn_in = [torch.zeros(self.max_tokens, h, cfg.head_dim, dtype=dtype, device=device)
+                            for h in (cfg.num_heads, cfg.num_kv_heads, cfg.num_kv_heads, cfg.num_kv_heads)]
+            self.attn_out = torch.zeros_like(self.attn_in[0])
 
     @staticmethod
     def supported(model: Transformer, cache: PagedKVCache) -> bool:
@@ -77,17 +91,21 @@ class StepGraphs:
             key, size, pad, num_tiles = ("decode", B), B, (0, 0, 0), 0
         else:
             limit = self.cache.mixed_chunk_limit
-            if T > self.max_tokens or any(n > limit(s) for s, n in zip(batch.seqs, batch.query_lens)):
-                return None  # too large, or (windowed formats) a prompt alone in chunks across blocks
+            across = any(n > limit(s) for s, n in zip(batch.seqs, batch.query_lens))
+            if T > self.max_tokens or (across and not self.piecewise):
+                return None  # too large, or (windowed formats) a prompt in chunks across blocks
             size = next(s for s in self.token_sizes if s >= T)
             # padding rows write into the cache's scratch block (windowed formats: its scratch window slot)
             place = (self.cache.scratch_block, self.cache.scratch_slot)
             key, pad, num_tiles = ("mixed", size), (size - T, *place), self.cache.num_tiles(size, self.max_batch)
+            if across:  # the attention eagerly, of the step's T rows only (padding rows read zeros)
+                key = ("pieces", size)
             self.valid[:T].fill_(True)
             self.valid[T:size].fill_(False)
             batch.valid_rows = self.valid[:size]  # padding rows route to no expert of their own (MoE.forward)
         self.cache.wait_compressed()  # the side stream's compression: waited for outside the graph
-        batch.decode_meta = self.cache.build_decode_meta(batch, self.meta, pad, num_tiles)
+        if key[0] != "pieces":  # (the eager attention between pieces builds what it reads)
+            batch.decode_meta = self.cache.build_decode_meta(batch, self.meta, pad, num_tiles)
         self.tokens[:T].copy_(torch.tensor(tokens), non_blocking=True)
         self.positions[:T].copy_(torch.tensor(positions), non_blocking=True)
         if size > T:
@@ -96,8 +114,11 @@ class StepGraphs:
             if self.routed_ones is not None:
                 self.routed_ones[T * self.top_k:size * self.top_k].zero_()
         if key not in self.graphs:
-            self.graphs[key] = self._capture(size, batch) if self.capture else None
-        if self.graphs[key] is None:
+            capture = self._capture_pieces if key[0] == "pieces" else self._capture
+            self.graphs[key] = capture(size, batch) if self.capture else None
+        if key[0] == "pieces":
+            hidden = self._run_pieces(key, T, batch)
+        elif self.graphs[key] is None:
             hidden = self.model(self.tokens[:size], self.positions[:size], self.cache, batch)
         else:
             graph, hidden = self.graphs[key]
@@ -110,9 +131,13 @@ class StepGraphs:
         """Capture every size now, as vLLM does at start-up, so that no request waits for a capture (the server
         does this; offline use captures on first use). Throwaway sequences drive the captures and are freed:
         B sequences of one token for decode sizes, prompts of T tokens in all for mixed sizes (one sequence, or
-        for windowed formats sequences of a block each). Returns the seconds taken."""
+        for windowed formats sequences of a block each); piecewise sizes need none. Returns the seconds taken."""
         start = time.perf_counter()
         cache = self.cache
+        for size in reversed(self.token_sizes if self.piecewise and self.capture else []):
+            batch = AttentionBatch([], [])  # neither the warm-up nor the capture attends
+            batch.valid_rows = self.valid[:size]
+            self.graphs[("pieces", size)] = self._capture_pieces(size, batch)
         # a sequence holds a block (and a window slot): batches larger than the cache can hold never run
         largest = min(self.max_batch, cache.allocator.num_free)
         if cache.windowed:
@@ -135,25 +160,93 @@ class StepGraphs:
             torch.cuda.synchronize(cache.device)
         return time.perf_counter() - start
 
-    def _capture(self, size: int, batch: AttentionBatch) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """Capture the forward of `size` rows. It runs once eagerly first, on a side stream as PyTorch's
-        recipe asks (Triton compiles its kernels there): that run writes this step's keys and values,
-        and the replay that follows writes the same ones again; it counts no routed token (the replay does)."""
-        args = (self.tokens[:size], self.positions[:size], self.cache, batch)
+    def _run_pieces(self, key: tuple[str, int], T: int, batch: AttentionBatch) -> torch.Tensor:
+        """A step whose attention runs eagerly between graph pieces (or, uncaptured, the same buffers eagerly)."""
+        size = key[1]
+        self.attn_out[T:size].zero_()
+        if self.graphs[key] is None:
+            return self.model(self.tokens[:size], self.positions[:size], _AttentionBreaks(self, T, batch), batch)
+        pieces, hidden = self.graphs[key]
+        for layer, graph in enumerate(pieces):
+            graph.replay()
+            if layer < len(pieces) - 1:
+                self._attend(layer, T, batch)
+        return hidden
+
+    def _attend(self, layer: int, T: int, batch: AttentionBatch):
+        """Layer `layer`'s attention of the step's T rows, from the static inputs into the static output."""
+        q, k, k_rot, v = (x[:T] for x in self.attn_in)
+        self.attn_out[:T].copy_(self.cache.attend(layer, q, k, k_rot, v, batch))
+
+    def _warm_up(self, size: int, kv_cache, batch: AttentionBatch) -> torch.cuda.Stream:
+        """The forward of `size` rows once, eagerly, on a side stream, as PyTorch's recipe asks before a capture
+        (Triton compiles its kernels there); it counts no routed token (the replays do). Returns the stream."""
         ones = None if self.routed_ones is None else self.routed_ones[:size * self.top_k]
-        counted = None if ones is None else ones.clone()  # the replay counts the step's routed tokens, not this run
+        counted = None if ones is None else ones.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            if ones is not None:
+                ones.zero_()
+            self.model(self.tokens[:size], self.positions[:size], kv_cache, batch)
+            if ones is not None:
+                ones.copy_(counted)
+        torch.cuda.current_stream().wait_stream(side)
+        return side
+
+    def _capture_pieces(self, size: int, batch: AttentionBatch) -> tuple[list[torch.cuda.CUDAGraph], torch.Tensor]:
+        """Capture the forward of `size` rows as a graph per stretch between two layers' attention, on the warm-up's
+        side stream. Neither the warm-up nor the capture attends (the attention's output buffer is read as it is)
+        or writes the cache."""
         with torch.cuda.device(self.cache.device):
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
+            side = self._warm_up(size, _AttentionBreaks(self, 0, batch), batch)
             with torch.cuda.stream(side):
-                if ones is not None:
-                    ones.zero_()
-                self.model(*args)
-                if ones is not None:
-                    ones.copy_(counted)
+                breaks = _AttentionBreaks(self, 0, batch, capture=True)
+                hidden = self.model(self.tokens[:size], self.positions[:size], breaks, batch)
+                breaks.next_piece(last=True)
             torch.cuda.current_stream().wait_stream(side)
+        return breaks.pieces, hidden
+
+    def _capture(self, size: int, batch: AttentionBatch) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """Capture the forward of `size` rows, after the warm-up: that run writes this step's keys and values,
+        and the replay that follows writes the same ones again."""
+        with torch.cuda.device(self.cache.device):
+            self._warm_up(size, self.cache, batch)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                hidden = self.model(*args)
+                hidden = self.model(self.tokens[:size], self.positions[:size], self.cache, batch)
         self.pool = graph.pool()
         return graph, hidden
+
+
+class _AttentionBreaks:
+    """What the model takes for its KV cache in a piecewise step: each layer's attention copies its inputs to
+    the runner's static buffers and returns its static output. Running the step (T rows, uncaptured), the attention
+    runs there, eagerly; capturing, it ends the graph captured so far and begins the next (`T` 0: no attention)."""
+
+    def __init__(self, runner: StepGraphs, T: int, batch: AttentionBatch, capture: bool = False):
+        self.runner, self.T, self.batch, self.capture = runner, T, batch, capture
+        self.pieces: list[torch.cuda.CUDAGraph] = []
+        if capture:
+            self.next_piece()
+
+    def next_piece(self, last: bool = False):
+        if self.pieces:
+            self.pieces[-1].capture_end()
+        if not last:
+            if self.runner.pool is None:
+                self.runner.pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            graph.capture_begin(pool=self.runner.pool)
+            self.pieces.append(graph)
+
+    def attend(self, layer: int, q, k, k_rot, v, batch) -> torch.Tensor:
+        assert layer == len(self.pieces) - 1 or not self.capture, "layers attend in order"
+        size = q.shape[0]
+        for buf, x in zip(self.runner.attn_in, (q, k, k_rot, v)):
+            buf[:size].copy_(x)
+        if self.capture:
+            self.next_piece()
+        elif self.T:
+            self.runner._attend(layer, self.T, self.batch)
+        return self.runner.attn_out[:size]

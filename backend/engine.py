@@ -90,6 +90,9 @@ class EngineArgs:
     cuda_graph_max_tokens: int = 256   # CUDA: steps with prompt chunks of up to this many tokens replay graphs
                                        # too (fp16/full KV), and prompt chunks beside running decodes are cut to
                                        # fit, so no stream waits for an eager step; 0: decode steps only
+    piecewise_graphs: bool = False     # CUDA, ALR-KVD and KIVI: those chunks not cut at their block's end; a step
+                                       # with one across a block replays graph pieces, attention eager between
+                                       # (backend/cuda_graphs.py). Off: not yet timed against cut chunks at 256
     seed: int = 0
     expert_budget_bytes: int | None = None  # device bytes for routed experts, streamed from host; None: all resident
     expert_prefetch: int = 1           # MoE layers ahead whose experts are prefetched (pre-gating); 0: on demand only
@@ -209,7 +212,8 @@ class LLMEngine:
         self.model.rotate_values(self.cache.value_rotation)  # the values this cache stores: V, or V R
         self.graphs = None  # graphs hold the old cache's tensors: captured anew for this one
         if not a.enforce_eager and StepGraphs.supported(self.model, self.cache):
-            self.graphs = StepGraphs(self.model, self.cache, max_num_seqs, self.max_model_len, graph_tokens)
+            self.graphs = StepGraphs(self.model, self.cache, max_num_seqs, self.max_model_len, graph_tokens,
+                                     piecewise=a.piecewise_graphs)
 
     # ---- requests -----------------------------------------------------------------------
     def tokenize(self, prompt) -> list[int]:
@@ -332,7 +336,7 @@ class LLMEngine:
             if budget == 0:
                 break
             n = min(seq.num_pending, budget)
-            if in_graph:
+            if in_graph and not self.graphs.piecewise:  # (piecewise: chunks across blocks, attention eager)
                 n = min(n, self.cache.mixed_chunk_limit(seq.kv))
             if seq in self.running:
                 while not self.cache.can_allocate(seq.kv, n):  # preempt the newest, never a scheduled decode

@@ -321,15 +321,17 @@ def run_decode(engine: LLMEngine, counter: ExpertCounter, batch: int, context: i
             "unique_experts_per_step": unique, **streaming}
 
 
-def bench_gpu_mixed(name: str, batches, contexts, step_tokens: int, steps: int, kv_format: str = "fp16") -> list[dict]:
+def bench_gpu_mixed(name: str, batches, contexts, step_tokens: int, steps: int, kv_format: str = "fp16",
+                    piecewise: bool = True) -> list[dict]:
     """Steps that carry prompt chunks beside running decodes (dummy weights): `batch` sequences decode at
     about `context` cached tokens while others bring `step_tokens - batch` prompt tokens after their own
     `context` cached ones (synthetic KV: long prompts' middle chunks): one chunk, or for windowed formats
-    (ALR-KVD, KIVI) chunks of a block each. In turns, in one engine: a decode-only step (graph), the mixed
-    step as a CUDA graph (the tiles kernel; windowed formats: the decode kernel per row) and eagerly (the
-    PyTorch path, sequence by sequence); medians of `steps` turns."""
-    engine = dummy_engine(name, kv_format, kv_budget_bytes=16 << 30, max_num_seqs=64,
-                          cuda_graph_max_tokens=step_tokens)
+    without `piecewise` chunks of a block each. In turns, in one engine: a decode-only step (graph), the mixed
+    step through the graph runner (the tiles kernel in one graph; windowed formats: every row read by the decode
+    kernel in one graph, or with `piecewise` graph pieces and the attention eager between them) and eagerly (the
+    PyTorch path, prompt chunks sequence by sequence); medians of `steps` turns."""
+    engine = dummy_engine(name, kv_format, kv_budget_bytes=8 << 30, max_num_seqs=64,  # (fits an H100)
+                          cuda_graph_max_tokens=step_tokens, piecewise_graphs=piecewise)
     graphs = engine.graphs
     cache = engine.cache
     rows = []
@@ -354,7 +356,8 @@ def bench_gpu_mixed(name: str, batches, contexts, step_tokens: int, steps: int, 
     for batch in batches:
         for context in contexts:
             chunk = step_tokens - batch
-            parts = cache.new_prompt_chunks(chunk)  # after `context` cached tokens, a multiple of the block size
+            # after `context` cached tokens, a multiple of the block size
+            parts = [chunk] if graphs.piecewise else cache.new_prompt_chunks(chunk)
             seqs = batch + len(parts)
             need = cache.blocks_needed(SeqKV(), seqs * (context + cache.block_size + chunk)) + seqs
             if need > cache.allocator.num_free:
@@ -435,6 +438,9 @@ def main():
     ap.add_argument("--gpu-prefill", action="store_true", help="time to first token of long prompts per KV format")
     ap.add_argument("--gpu-mixed", type=int, metavar="TOKENS",
                     help="steps of TOKENS tokens, a prompt chunk beside the decodes: CUDA graph against eager")
+    ap.add_argument("--mixed-graphs", default="pieces", choices=["pieces", "whole"],
+                    help="--gpu-mixed, ALR-KVD and KIVI: a chunk across blocks in graph pieces (piecewise_graphs), "
+                         "or chunks of a block each in one graph (the engine's default)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3, help="CPU: turns over the four systems (medians reported)")
     ap.add_argument("--models", default="qwen3-30b-a3b,mixtral-8x7b")
@@ -473,7 +479,7 @@ def main():
         for kv_format in args.kv_formats.split(","):  # one engine per format, one after the other
             result["gpu_mixed"] += bench_gpu_mixed(args.models.split(",")[0], [int(b) for b in args.batches.split(",")],
                                                    [int(c) for c in args.contexts.split(",")], args.gpu_mixed,
-                                                   args.steps, kv_format)
+                                                   args.steps, kv_format, args.mixed_graphs == "pieces")
             gc.collect()
             torch.cuda.empty_cache()
     if args.gpu:

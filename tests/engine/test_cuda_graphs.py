@@ -151,37 +151,43 @@ def generate_with_arrivals(engine, prompts, max_tokens: int, arrivals) -> tuple[
     raise AssertionError("not finished in 400 steps")
 
 
+@pytest.mark.parametrize("piecewise", [False, True], ids=["whole", "pieces"])
 @pytest.mark.parametrize("kv_format", ["alrkvd", "kivi4"])
-def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format):
-    """Windowed formats (a sequence's newest block in a window slot): prompt chunks beside decodes end at their
-    block's end, every row is read by the decode kernel as a decode of its own length, and the block a chunk
-    fills is compressed at commit. The reference, with the same plan (chunks cut as for graphs): on CPU every
-    step eager, prompt chunks through the per-sequence PyTorch path (the kernels' fp32 references stand in for
-    the kernels); on CUDA the same rows through the runner uncaptured, since the compiled kernels round keys and
-    values to fp16 for their dots where the PyTorch path keeps fp32 (tests/kernels bounds that error), which
-    over many greedy steps can part the tokens. Same tokens; every cache block and window slot back at the end."""
+def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format, piecewise):
+    """Windowed formats (a sequence's newest block in a window slot), prompt chunks beside decodes: a step whose
+    chunks end within their blocks replays the mixed graph (every row read by the decode kernel as a decode of its
+    own length). Without `piecewise` the scheduler cuts every chunk so; with it, a step with a chunk across a block
+    replays graph pieces with each layer's attention run eagerly between them (the history rebuilt, the decodes
+    beside through the decode kernel). The blocks they fill are compressed at commit. The reference, with the same plan: on CPU every step eager (the kernels' fp32 references
+    stand in for the kernels); on CUDA the same rows through the runner uncaptured, since the compiled kernels
+    round keys and values to fp16 for their dots where the PyTorch path keeps fp32 (tests/kernels bounds that
+    error), which over many greedy steps can part the tokens. Same tokens and routed-token counts (padding not
+    counted); every cache block and window slot back at the end."""
     engine = engine_for(tmp_path, QWEN3_MOE, kv_format)
     bs = engine.cache.block_size
     g = torch.Generator().manual_seed(3)
-    # two prompts start together, nothing decoding: a step of 5 + bs + 20 tokens that fits the graph's 2 bs rows
-    # but not its window slots (it crosses a block), so it runs eagerly
-    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (5, bs + 20, 2 * bs + 7, bs - 3, bs + 1)]
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (bs - 4, bs + 20, 2 * bs + 7, bs - 3, bs + 1)]
 
     def generate():  # newcomers while the first decodes
-        return generate_with_arrivals(engine, prompts, bs + 4, (2, 3, 5))
+        engine.reset_routing_counts()
+        return generate_with_arrivals(engine, prompts, bs + 4, (2, 4, 6))
 
     engine.graphs = StepGraphs(engine.model, engine.cache, 0 if DEVICE == "cpu" else 4, engine.max_model_len,
-                               max_tokens=2 * bs, capture=False)  # CPU: no batch fits the runner, every step eager
+                               max_tokens=2 * bs, capture=False, piecewise=piecewise)  # CPU: every step eager
     expected, eager_plans = generate()
+    eager_counts = engine.routing_counts()
     engine.graphs = StepGraphs(engine.model, engine.cache, 4, engine.max_model_len, max_tokens=2 * bs,
-                               capture=DEVICE == "cuda")
+                               capture=DEVICE == "cuda", piecewise=piecewise)
     engine.graphs.capture_all()
     assert ("mixed", 2 * bs) in engine.graphs.graphs
+    assert (("pieces", 2 * bs) in engine.graphs.graphs) == (piecewise and DEVICE == "cuda")
     tokens, plans = generate()
     assert tokens == expected and plans == eager_plans
+    assert torch.equal(engine.routing_counts(), eager_counts)
     mixed = [p for p in plans if min(n for _, n in p) == 1 and max(n for _, n in p) > 1]  # chunks beside decodes
-    assert mixed and all(start % bs + n <= bs for p in mixed for start, n in p)  # chunks end at their block's end
-    assert any(n > 1 and (start + n) % bs == 0 for p in mixed for start, n in p)  # and some close their block
+    within = [all(start % bs + n <= bs for start, n in p) for p in mixed]  # the mixed graph's steps
+    assert any(within) and all(within) != piecewise  # and piecewise ones
+    assert any((start + n) % bs == 0 for p in mixed for start, n in p)  # and rows that close their block
     cache = engine.cache
     assert cache.allocator.num_free == cache.allocator.num_blocks and len(cache.free_slots) == engine.args.max_num_seqs
 
