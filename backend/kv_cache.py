@@ -316,6 +316,13 @@ class PagedKVCache:
             pos = start + done
             off = pos % bs
             m = min(n - done, bs - off)
+            whole = (n - done) // bs if off == 0 and received is None and (pos or not self.sink_tokens) else 0
+            if whole:  # blocks the chunk fills alone: copied from its rows at once, not through the window
+                ks, vs = (x[done:done + whole * bs].unflatten(0, (whole, bs)).to(self.window_k.dtype, copy=True)
+                          .unbind() for x in (k, v))
+                full += [(layer, seq.block_table[pos // bs + i], pos + i * bs, ks[i], vs[i]) for i in range(whole)]
+                done += whole * bs
+                continue
             self.window_k[layer, seq.window_slot, off:off + m] = k[done:done + m]
             self.window_v[layer, seq.window_slot, off:off + m] = v[done:done + m]
             if received is not None:
