@@ -158,10 +158,11 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format, piecewi
     chunks end within their blocks replays the mixed graph (every row read by the decode kernel as a decode of its
     own length). Without `piecewise` the scheduler cuts every chunk so; with it, a step with a chunk across a block
     replays graph pieces with each layer's attention run eagerly between them (the history rebuilt, the decodes
-    beside through the decode kernel). The blocks they fill are compressed at commit. The reference, with the same plan: on CPU every step eager (the kernels' fp32 references
-    stand in for the kernels); on CUDA the same rows through the runner uncaptured, since the compiled kernels
-    round keys and values to fp16 for their dots where the PyTorch path keeps fp32 (tests/kernels bounds that
-    error), which over many greedy steps can part the tokens. Same tokens and routed-token counts (padding not
+    beside through the decode kernel). The blocks they fill are compressed at commit. The reference, with the same
+    plan: on CPU every step eager (the kernels' fp32 references stand in for the kernels); on CUDA the same rows
+    through the runner uncaptured, since the compiled kernels round keys and values to fp16 for their dots where
+    the PyTorch path keeps fp32 (tests/kernels bounds that error), which over many greedy steps can part the
+    tokens. Same tokens and routed-token counts (padding not
     counted); every cache block and window slot back at the end."""
     engine = engine_for(tmp_path, QWEN3_MOE, kv_format)
     bs = engine.cache.block_size

@@ -28,11 +28,13 @@ with profile(activities=[ProfilerActivity.CPU]) as prof:
     t = time.perf_counter(); eng.step(); dt = time.perf_counter() - t
 ev = prof.events()
 w = [e for e in ev if e.name == "cache.write"]
-inside = sum(1 for e in ev if e.name.startswith("aten::") and any(x.time_range.start <= e.time_range.start and e.time_range.end <= x.time_range.end for x in w))
+def in_write(e):
+    return any(x.time_range.start <= e.time_range.start and e.time_range.end <= x.time_range.end for x in w)
+inside = sum(1 for e in ev if e.name.startswith("aten::") and in_write(e))
 total = sum(1 for e in ev if e.name.startswith("aten::"))
 print(f"plan {sorted(n for _, n in eng.plan)}: aten ops in write {inside} of {total}; step {dt*1e3:.0f} ms")
 from collections import Counter
-c = Counter(e.name for e in ev if e.name.startswith("aten::") and any(x.time_range.start <= e.time_range.start and e.time_range.end <= x.time_range.end for x in w))
+c = Counter(e.name for e in ev if e.name.startswith("aten::") and in_write(e))
 print(c.most_common(12))
 c2 = Counter(e.name for e in ev if e.name.startswith("aten::"))
 print(c2.most_common(15))
