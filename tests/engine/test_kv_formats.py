@@ -469,7 +469,7 @@ def test_prompt_blocks_compressed_at_commit_are_those_compressed_at_the_layer(na
         seq, start, outs[id(cache)] = SeqKV(), 0, []
         for c in chunks + [1, 1, 1]:
             cache.allocate(seq, c)
-            sl, pos = slice(start, start + c), torch.arange(start, start + c, device=DEVICE)
+            sl, pos = slice(start, start + c), torch.arange(start, start + c)
             batch = AttentionBatch([seq], [c])
             outs[id(cache)] += [cache.attend(layer, rot.apply(q[sl], pos), k[sl], rot.apply(k[sl], pos), v[sl], batch)
                                 for layer in range(L)]
