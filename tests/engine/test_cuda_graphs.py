@@ -162,8 +162,8 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format, piecewi
     plan: on CPU every step eager (the kernels' fp32 references stand in for the kernels); on CUDA the same rows
     through the runner uncaptured, since the compiled kernels round keys and values to fp16 for their dots where
     the PyTorch path keeps fp32 (tests/kernels bounds that error), which over many greedy steps can part the
-    tokens. Same tokens and routed-token counts (padding not
-    counted); every cache block and window slot back at the end."""
+    tokens. Same tokens and routed-token counts (padding not counted); every cache block and window slot back at
+    the end."""
     engine = engine_for(tmp_path, QWEN3_MOE, kv_format)
     bs = engine.cache.block_size
     g = torch.Generator().manual_seed(3)
