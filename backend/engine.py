@@ -159,7 +159,8 @@ class LLMEngine:
             raise ValueError(f"max_step_ratio must exceed 1 (a step with prompt tokens outlasts a decode step), "
                              f"not {args.max_step_ratio}")
         stall_free = args.max_step_ms is not None or args.max_step_ratio is not None
-        self.step_cost = StepCost(args.max_step_ms, args.max_step_ratio) if stall_free else None
+        # (its first steps compile kernels: not what later steps cost)
+        self.step_cost = StepCost(args.max_step_ms, args.max_step_ratio, warmup_steps=8) if stall_free else None
         torch.manual_seed(args.seed)
         if args.expert_decisions not in ("auto", "device", "host"):
             raise ValueError(f"expert_decisions must be 'auto', 'device' or 'host', not {args.expert_decisions!r}")

@@ -11,6 +11,13 @@ never exceeds there (a budget found there is safe, and the next step measures it
 proportion to the tokens, which a concave curve through the origin never falls short of there (a decode step
 not yet measured is not overstated in a ratio target). Before anything is measured, chunks beside decodes are
 small rather than stalling the streams.
+
+The curve must heal from steps that say nothing of later ones (a kernel compiled or a graph captured on first
+use, the host paused): one such step, taken whole, priced its size and every larger one out of reach, so steps
+that size never ran again to correct it (H100 serving, 2026-12-05: prompts then progressed 16 tokens a step
+beside decodes). So a step counts as at most `OUTLIER` times its estimate (a lasting change is still followed,
+by up to that factor a step), a size not measured for `FORGET_AFTER` steps leaves the curve (the budget then
+tries it again), and the engine ignores its first steps, which compile kernels before any estimate exists.
 """
 from __future__ import annotations
 
@@ -21,6 +28,8 @@ from dataclasses import dataclass, field
 
 SMOOTHING = 0.2  # weight of the newest step in a bucket's running means: follows a changing batch in ~5 steps
 BUCKETS_PER_OCTAVE = 4
+OUTLIER = 2.0        # a step counts as at most this many times its estimate
+FORGET_AFTER = 200   # steps after which a bucket not measured since leaves the curve
 
 
 @dataclass
@@ -28,7 +37,10 @@ class StepCost:
     target_ms: float | None = None
     target_ratio: float | None = None  # relative to a decode-only step: the streams' inter-token p99 over p50
     min_chunk: int = 16  # prompt tokens a step always takes, so prompts progress under any target
+    warmup_steps: int = 0  # the first steps observed are ignored
     curve: dict[int, tuple[float, float]] = field(default_factory=dict)  # bucket -> (mean tokens, mean ms)
+    measured_at: dict[int, int] = field(default_factory=dict)  # bucket -> the step that last measured it
+    steps: int = 0  # steps observed
 
     def estimate_ms(self, tokens: int) -> float | None:
         """A step of `tokens` tokens (decodes and prompt tokens alike), or None before any step is measured."""
@@ -63,7 +75,16 @@ class StepCost:
         return max(floor, lo)
 
     def observe(self, num_tokens: int, ms: float) -> None:
+        self.steps += 1
+        if self.steps <= self.warmup_steps:
+            return
+        for stale in [b for b, step in self.measured_at.items() if self.steps - step > FORGET_AFTER]:
+            del self.curve[stale], self.measured_at[stale]
+        if self.curve:  # (below the smallest step measured, its time bounds the step's, not the proportion)
+            xs, ys = self._points()
+            ms = min(ms, OUTLIER * (ys[0] if num_tokens < xs[0] else _estimate((xs, ys), num_tokens)))
         bucket = round(BUCKETS_PER_OCTAVE * math.log2(num_tokens))
+        self.measured_at[bucket] = self.steps
         old = self.curve.get(bucket)
         self.curve[bucket] = (num_tokens, ms) if old is None else (
             (1 - SMOOTHING) * old[0] + SMOOTHING * num_tokens, (1 - SMOOTHING) * old[1] + SMOOTHING * ms)

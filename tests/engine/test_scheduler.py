@@ -6,7 +6,7 @@ import pytest
 
 from backend.engine import EngineArgs, LLMEngine
 from backend.sampling import SamplingParams
-from backend.step_cost import StepCost
+from backend.step_cost import FORGET_AFTER, StepCost
 
 CHAT = "The capital of France is"
 DOCUMENT = " ".join(["The history of the city goes back to a small settlement on the river bank."] * 40)
@@ -112,6 +112,33 @@ def test_step_cost_follows_the_batch_on_a_concave_curve(ratio):
             assert n == cost.min_chunk or h200_step_ms(num_decode + n) <= 1.05 * target
             cost.observe(num_decode + n, h200_step_ms(num_decode + n))  # the mixed step
         assert n >= 0.8 * best, (num_decode, n, best)
+
+
+@pytest.mark.parametrize("stalled", [0, 3])
+def test_step_cost_heals_from_a_stalled_step(stalled):
+    """One step that carries a prompt beside decodes stalls (a kernel compiled on first use: 50 times its cost):
+    the first such step, or a later one of a size not measured before. The budget comes back within
+    FORGET_AFTER steps. Before, that size and all larger ones were out of reach for good: no step that size ran
+    again to correct it (the first stalled: prompts progressed by the minimal chunk)."""
+    cost = StepCost(target_ms=60.0)
+    num_decode = 8
+    best = max(n for n in range(2048) if h200_step_ms(num_decode + n) <= 60.0)
+    for _ in range(30):
+        cost.observe(num_decode, h200_step_ms(num_decode))  # decodes alone, until a prompt arrives
+    for step in range(FORGET_AFTER + 30):
+        n = cost.prefill_budget(num_decode, max_tokens=2048)
+        cost.observe(num_decode + n, h200_step_ms(num_decode + n) * (50 if step == stalled else 1))
+        cost.observe(num_decode, h200_step_ms(num_decode))
+    assert n >= 0.9 * best, (n, best)
+
+
+def test_step_cost_ignores_its_warmup_steps():
+    cost = StepCost(target_ms=50, warmup_steps=2)
+    cost.observe(num_tokens=4, ms=5000.0)  # (the first steps compile kernels)
+    cost.observe(num_tokens=104, ms=5000.0)
+    assert cost.estimate_ms(4) is None
+    cost.observe(num_tokens=4, ms=10.0)
+    assert cost.estimate_ms(4) == 10.0
 
 
 def test_short_prompts_go_first_under_a_step_target():
