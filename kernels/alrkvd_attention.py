@@ -650,7 +650,9 @@ def _blocks_partial(
 # ----------------------------------------------------------------------------------------------
 # Stage 1: the kernel
 # ----------------------------------------------------------------------------------------------
-@triton.jit
+# (ints that vary with the batch are not specialized: outside a graph, each new combination of ==1 and
+# multiple-of-16 compiled the kernel again, seconds each)
+@triton.jit(do_not_specialize=["num_splits", "stride_btb", "stride_mlb", "stride_mlh"])
 def _alrkvd_decode_stage1(
     # Pointers: query, paging, window
     Q, Block_tables, Seq_lens, Window_slots, Window_k, Window_v,

@@ -105,7 +105,9 @@ def _value_group(acc, alpha, p, V_codes, V_scale, V_zero, rows, c: tl.constexpr,
     return acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
 
 
-@triton.jit
+# (ints that vary with the batch are not specialized: outside a graph, each new combination of ==1 and
+# multiple-of-16 compiled the kernel again, seconds each)
+@triton.jit(do_not_specialize=["num_splits", "stride_btb", "stride_mlb", "stride_mlh"])
 def _kivi_decode_stage1(
     Q, Block_tables, Seq_lens, Window_slots, Window_k, Window_v,
     K_codes, K_scale, K_zero, V_codes, V_scale, V_zero,
