@@ -93,9 +93,9 @@ def main() -> None:
     p.add_argument("--cuda-graph-max-tokens", type=int,
                    help="steps with prompt chunks up to this many tokens as CUDA graphs (default: the engine's; "
                         "0: decode steps only)")
-    p.add_argument("--piecewise-graphs", action="store_true",
+    p.add_argument("--piecewise-graphs", action=argparse.BooleanOptionalAction,
                    help="ALR-KVD and KIVI: prompt chunks beside decodes not cut at their block's end; steps with one "
-                        "across a block replay graph pieces, attention eager between them")
+                        "across a block replay graph pieces, attention eager between them (default: the engine's, on)")
     a = p.parse_args()
     options = {"kv_budget_bytes": int(a.kv_budget_gb * 2**30), "max_model_len": a.max_model_len,
                "max_num_seqs": a.max_num_seqs, "max_num_batched_tokens": 2048, "moe_routing": a.moe_routing}
@@ -107,8 +107,8 @@ def main() -> None:
         options["max_step_ratio"] = a.max_step_ratio
     if a.cuda_graph_max_tokens is not None:
         options["cuda_graph_max_tokens"] = a.cuda_graph_max_tokens
-    if a.piecewise_graphs:
-        options["piecewise_graphs"] = True
+    if a.piecewise_graphs is not None:
+        options["piecewise_graphs"] = a.piecewise_graphs
     if a.expert_fraction is not None:
         options["expert_budget_bytes"] = int(a.expert_fraction * routed_expert_bytes(SHAPES[a.shape]))
     write(a.out, a.shape, a.name, options)
