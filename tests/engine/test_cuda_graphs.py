@@ -17,6 +17,7 @@ from backend.engine import EngineArgs, LLMEngine  # noqa: E402
 from backend.engine import LOCALITY  # noqa: E402
 from backend.model import MoE, local_routes  # noqa: E402
 from backend.sampling import SamplingParams  # noqa: E402
+from backend.step_cost import StepCost  # noqa: E402
 from kernels.alrkvd_attention import alrkvd_decode_attention_ref, kernel_options  # noqa: E402
 from kernels.kivi_attention import kivi_decode_attention_ref  # noqa: E402
 from kernels.paged_attention import paged_decode_attention_ref  # noqa: E402
@@ -191,6 +192,44 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format, piecewi
     assert any((start + n) % bs == 0 for p in mixed for start, n in p)  # and rows that close their block
     cache = engine.cache
     assert cache.allocator.num_free == cache.allocator.num_blocks and len(cache.free_slots) == engine.args.max_num_seqs
+
+
+def test_warm_up_runs_chunks_across_blocks_and_over_a_history_and_leaves_nothing_behind(tmp_path):
+    """`LLMEngine.warm_up` (the server's, on CUDA, after the captures) runs what a first request would compile: a
+    prompt chunk across blocks beside a decode (graph pieces) and one over a cached history. After it the engine is
+    as before: the same greedy tokens, every block and window slot free, the step-time curve and the routing counts
+    untouched."""
+    engine = engine_for(tmp_path, QWEN3_MOE, "alrkvd")
+    bs = engine.cache.block_size
+    engine.graphs = StepGraphs(engine.model, engine.cache, 4, engine.max_model_len, max_tokens=2 * bs,
+                               capture=DEVICE == "cuda", piecewise=True)
+    engine.graphs.capture_all()
+    engine.step_cost = StepCost(target_ms=50.0)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (bs + 5, 2 * bs + 3, bs - 2)]
+    expected, _ = generate_with_arrivals(engine, prompts, 6, (2,))
+    engine.step_cost = step_cost = StepCost(target_ms=50.0)
+    engine.reset_routing_counts()
+
+    steps, step = [], engine.step
+
+    def recorded():
+        before = {id(s): s.kv.num_tokens for s in engine.running}
+        outputs = step()
+        steps.append([(before.get(id(s), 0), n) for s, n in engine.plan])
+        return outputs
+    engine.step = recorded
+    assert engine.warm_up() > 0
+    del engine.step
+    beside = [p for p in steps if any(n == 1 for _, n in p)]
+    assert any(start // bs != (start + n - 1) // bs for p in beside for start, n in p if n > 1)  # across blocks
+    assert any(start > 0 and n > 1 for p in beside for start, n in p)  # over a cached history
+    assert not engine.requests and engine.step_cost is step_cost and step_cost.steps == 0 and not step_cost.curve
+    assert not engine.routing_counts().any()
+    cache = engine.cache
+    assert cache.allocator.num_free == cache.allocator.num_blocks and len(cache.free_slots) == engine.args.max_num_seqs
+    tokens, _ = generate_with_arrivals(engine, prompts, 6, (2,))
+    assert tokens == expected
 
 
 @pytest.mark.parametrize("kv_format", ["alrkvd", "kivi4"])

@@ -90,8 +90,10 @@ class TritonPythonModel:
         import torch
 
         graphs = getattr(self.engine, "graph_capture_s", 0.0)
+        warm_up = getattr(self.engine, "warm_up_s", 0.0)
         self.logger.log_info(f"[alrkvd] {args['model_name']} ready ({torch.get_num_threads()} torch threads"
                              + (f", decode CUDA graphs captured in {graphs:.1f} s" if graphs else "")
+                             + (f", kernels warmed up in {warm_up:.1f} s" if warm_up else "")
                              + f"): {self.engine_args}")
 
     def _init_engine_args(self):
