@@ -525,11 +525,13 @@ class LLMEngine:
         decoding = 2 * bs + 1  # two closed blocks to decode over
         capacity = (self.cache.allocator.num_free - 4) * bs
         prompt = min(beside + 2 * bs, capacity - decoding, self.max_model_len - 3)
-        if prompt < 2 * bs or self.has_unfinished():
+        # (while the prompt's chunks run, as the output limit allows)
+        decode_steps = min(-(-prompt // beside) + 4, self.limits.max_output_tokens, self.max_model_len - decoding - 1)
+        if prompt < 2 * bs or decode_steps < 2 or self.has_unfinished():
             return 0.0
         step_cost, self.step_cost = self.step_cost, None  # (chunks as large as the step allows)
         try:
-            self.add_request(None, SamplingParams(max_tokens=-(-prompt // beside) + 4, temperature=0, ignore_eos=True),
+            self.add_request(None, SamplingParams(max_tokens=decode_steps, temperature=0, ignore_eos=True),
                              "warm-up-decode", prompt_ids=[1] * decoding)
             self.step()
             self.add_request(None, SamplingParams(max_tokens=2, temperature=0, ignore_eos=True), "warm-up-prompt",
