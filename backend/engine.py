@@ -10,6 +10,7 @@ past its deadline ends at the next step, waiting or running (finish_reason "time
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import itertools
@@ -371,6 +372,7 @@ class LLMEngine:
 
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
+        self.plan = []
         if self.deadlines:
             expired = self.expire()
             if expired:  # a step of its own, so a failure of the next one cannot lose these outputs
@@ -593,6 +595,7 @@ class AsyncEngine:
         # every accepted request until its stream ends: running, waiting, or still in the inbox
         self.capacity = args.max_num_seqs + args.max_queue_size
         self._stats = self.engine.stats()
+        self.step_tokens: collections.deque = collections.deque(maxlen=4096)  # each step's, until drained
         self.stopped = False
         self.dead: str | None = None  # why the engine thread stopped, once it has
         self.on_death = on_death
@@ -652,6 +655,10 @@ class AsyncEngine:
 
     def routing_counts(self) -> torch.Tensor | None:
         return self.engine.routing_counts()
+
+    def drain_step_tokens(self) -> list[int]:
+        """The tokens of each step run since the last call (any thread: the metrics thread's histogram)."""
+        return [self.step_tokens.popleft() for _ in range(len(self.step_tokens))]
 
     def shutdown(self):
         self.stopped = True
@@ -719,6 +726,8 @@ class AsyncEngine:
                 outputs = self.engine.step()
             except Exception as e:  # fail the requests of this step, keep serving the rest
                 outputs = self.engine.fail_step(e)
+            if self.engine.plan:
+                self.step_tokens.append(sum(n for _, n in self.engine.plan))
             for out in outputs:
                 self._send(out.request_id, out)
             self._stats = self.engine.stats()

@@ -396,6 +396,8 @@ def test_metrics_match_what_was_sent(triton_server):
         "e2e_sum": ("alrkvd:e2e_request_latency_seconds_sum", {}),
         "length": ("alrkvd:request_success_total", {"finished_reason": "length"}),
         "invalid": ("alrkvd:request_failure_total", {"reason": "invalid"}),
+        "steps": ("alrkvd:iteration_tokens_total_count", {}),
+        "step_tokens": ("alrkvd:iteration_tokens_total_sum", {}),
     }
 
     def read():
@@ -407,25 +409,31 @@ def test_metrics_match_what_was_sent(triton_server):
                for n in (5, 9)]
     with pytest.raises(ServerError):
         complete(PROMPT, url=triton_server.grpc_url, model=model, max_tokens=0)
+    prompt = sum(r.num_input_tokens for r in results)
     expected = {
-        "prompt": sum(r.num_input_tokens for r in results),
+        "prompt": prompt,
         "generated": 14,
         "ttft": 2,
         "tpot": (5 - 1) + (9 - 1),
         "e2e": 2,
         "length": 2,
         "invalid": 1,
+        # every prompt token once (in chunks; the last chunk's step samples the first token), then a decode step for
+        # each later token; the refused request never runs
+        "step_tokens": prompt + (5 - 1) + (9 - 1),
     }
     after = wait_for(lambda: (lambda a: a if all(a[k] - before[k] == v for k, v in expected.items()) else None)(read()),
                      timeout=10) or read()
     assert {k: after[k] - before[k] for k in expected} == expected
+    assert (5 - 1) + (9 - 1) + 2 <= after["steps"] - before["steps"] <= (5 - 1) + (9 - 1) + prompt
     server_e2e = after["e2e_sum"] - before["e2e_sum"]
     client_e2e = sum(r.e2e_s for r in results)
     assert 0 < server_e2e <= client_e2e
     s = scrape(triton_server)
     assert metric(s, "alrkvd:kv_cache_blocks_total", model) > 0
     assert metric(s, "alrkvd:kv_cache_compression_ratio", model) > 0
-    for gauge in ("alrkvd:num_requests_running", "alrkvd:num_requests_waiting", "alrkvd:kv_cache_usage_perc"):
+    for gauge in ("alrkvd:num_requests_running", "alrkvd:num_requests_waiting", "alrkvd:kv_cache_usage_perc",
+                  "alrkvd:num_preemptions_total"):
         assert metric(s, gauge, model) >= 0
 
 

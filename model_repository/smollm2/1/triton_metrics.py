@@ -20,6 +20,7 @@ TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
                 7.5, 10.0, 20.0, 40.0, 80.0]
 E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                120.0, 240.0, 480.0, 960.0]
+ITERATION_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]  # tokens a step, vLLM's
 FINISH_REASONS = ("stop", "length", "cancelled", "timeout")
 # refused at the door (invalid, queue_full), failed in the engine (error), ended or refused by a stop (shutdown)
 FAILURE_REASONS = ("invalid", "queue_full", "error", "shutdown")
@@ -60,6 +61,11 @@ class TritonMetrics:
             "alrkvd:time_per_output_token_seconds", "Time per output token after the first", TPOT_BUCKETS)
         self.e2e_latency = histogram(
             "alrkvd:e2e_request_latency_seconds", "Arrival to last token of finished requests", E2E_BUCKETS)
+        self.iteration_tokens = histogram(
+            "alrkvd:iteration_tokens_total", "Tokens of each engine step: its decodes and prompt chunks",
+            ITERATION_BUCKETS)
+        self.preemptions = metric(
+            "alrkvd:num_preemptions_total", "Sequences preempted (their KV freed, recomputed later)", F.COUNTER)
         self.prompt_tokens = metric(
             "alrkvd:prompt_tokens_total", "Prompt tokens of admitted requests", F.COUNTER)
         self.generation_tokens = metric(
@@ -103,10 +109,12 @@ class TritonMetrics:
 class MetricsLogger:
     """`record_*` enqueue; one thread applies the records and refreshes the engine gauges."""
 
-    def __init__(self, metrics: TritonMetrics, stats_fn, interval_s: float = 0.5, routing_fn=None):
+    def __init__(self, metrics: TritonMetrics, stats_fn, interval_s: float = 0.5, routing_fn=None, steps_fn=None):
         self.metrics = metrics
         self.stats_fn = stats_fn
         self.routing_fn = routing_fn  # () -> [MoE layers, experts] routed-token counts, or None (dense)
+        self.steps_fn = steps_fn  # () -> the tokens of each engine step since the last call
+        self.preempted = 0  # the engine's preemptions counted so far
         self.interval_s = interval_s
         self.queue: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._loop, name="alrkvd-metrics", daemon=True)
@@ -203,6 +211,12 @@ class MetricsLogger:
         m.kv_compression.set(s.get("compression", 1.0))
         for key, gauge in m.experts.items():
             gauge.set(s.get(key, 0.0))
+        for tokens in self.steps_fn() if self.steps_fn is not None else ():
+            m.iteration_tokens.observe(tokens)
+        preempted = s.get("num_preemptions", 0)
+        if preempted > self.preempted:
+            m.preemptions.increment(preempted - self.preempted)
+            self.preempted = preempted
         counts = self.routing_fn() if self.routing_fn is not None else None
         if counts is not None:
             for gauge, load in zip(m.moe_imbalance, counts):
