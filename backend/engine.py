@@ -524,6 +524,8 @@ class LLMEngine:
         beside = self.args.max_num_batched_tokens - 1  # prompt tokens a step takes beside one decode
         if self.graphs is not None and self.graphs.max_tokens:
             beside = min(beside, self.graphs.max_tokens - 1)
+        if beside < 1:  # (a step of one token: nothing rides beside a decode)
+            return 0.0
         decoding = 2 * bs + 1  # two closed blocks to decode over
         capacity = (self.cache.allocator.num_free - 4) * bs
         prompt = min(beside + 2 * bs, capacity - decoding, self.max_model_len - 3)

@@ -232,14 +232,15 @@ def test_warm_up_runs_chunks_across_blocks_and_over_a_history_and_leaves_nothing
     assert tokens == expected
 
 
-@pytest.mark.parametrize("limits", [dict(max_model_len=64), dict(max_output_tokens=1), dict(kv_budget_bytes=400 << 10)])
+@pytest.mark.parametrize("limits", [dict(max_model_len=64), dict(max_output_tokens=1), dict(kv_budget_bytes=400 << 10),
+                                    dict(max_num_seqs=1, max_num_batched_tokens=1)])
 def test_warm_up_within_the_engine_limits(tmp_path, limits):
-    """A short context, a one-token output limit or a small cache: the warm-up fits in them or does nothing (a
-    request it made beyond them would have failed the server's start)."""
+    """A short context, a one-token output limit, a small cache or one-token steps: the warm-up fits in them or does
+    nothing (a request it made beyond them would have failed the server's start)."""
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_MOE))
     engine = LLMEngine(EngineArgs(model=str(tmp_path), load_format="dummy", tokenizer="none", device="cpu",
                                   dtype="float32", kv_format="alrkvd", kv_options=kernel_options(64, block_size=32),
-                                  max_num_seqs=4, enforce_eager=True, **limits))
+                                  **{"max_num_seqs": 4, "enforce_eager": True, **limits}))
     engine.warm_up()
     assert not engine.requests and engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
 
