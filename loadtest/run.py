@@ -9,8 +9,9 @@
 The test itself is the ordinary `locust` command line on loadtest/locustfile.py (printed before it
 starts; add any Locust option after `--`), so a run here and a hand-started or distributed run
 (`--processes N`, or `--master` + workers) behave the same. The report folder holds requests.jsonl
-(every request, the source of truth), run.json, summary.json, report.md, PNG plots, and Locust's own
-locust.html / locust_*.csv. Exit status: Locust's (1 when any request failed), 2 on a bad setup.
+(every request, the source of truth), run.json, summary.json, report.md, PNG plots, Locust's own
+locust.html / locust_*.csv, and where the server's /metrics answers, server_steps.json (how many engine steps ran
+and how many tokens each took, preemptions). Exit status: Locust's (1 when any request failed), 2 on a bad setup.
 
 With no server ready at --host, one is started through the project's launcher (server.serve) with
 the tenants' models on the --host / --grpc-url ports and stopped at the end (`--server never`
@@ -76,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: start tritonserver (alrkvd-serve's launcher) on the --host/--grpc-url ports when "
                         "nothing answers there; always: start one in any case; never: fail instead")
     p.add_argument("--wait-ready", type=float, default=900.0, help="seconds to wait for the server to be ready")
+    p.add_argument("--metrics-url", default="", help="the server's /metrics, read before and after the run for its "
+                   "engine steps (server_steps.json; default: the host name, the HTTP port + 2)")
     p.add_argument("--out", default=env("LOADTEST_OUT", "reports/loadtest"), help="report folder (env LOADTEST_OUT)")
     p.add_argument("--report-only", action="store_true", help="only rewrite the report from the folder's raw files")
     p.add_argument("locust_args", nargs=argparse.REMAINDER, help="after --: passed to locust unchanged")
@@ -199,6 +202,7 @@ def main(argv=None) -> int:
     from loadtest.tenants import load_tenants
 
     models = sorted({t.model for t in load_tenants(a.tenants, model=a.model or None).tenants})
+    a.models = models
     launcher = None
     ready = a.server != "always" and is_ready(a.host, models)
     if not ready and a.server == "never":
@@ -220,8 +224,11 @@ def _run(a: argparse.Namespace, out: Path) -> int:
 
     out.mkdir(parents=True, exist_ok=True)
     cmd = locust_command(a, out)
+    metrics_url = a.metrics_url or _default_metrics_url(a.host)
+    before = engine_steps(metrics_url, a.models)
     print("+", shlex.join(cmd), flush=True)
     rc = subprocess.call(cmd)
+    steps = steps_between(before, engine_steps(metrics_url, a.models))
     if not (out / "requests.jsonl").is_file():
         print(f"locust exited with {rc} and recorded no requests", file=sys.stderr)
         return rc or 2
@@ -230,8 +237,58 @@ def _run(a: argparse.Namespace, out: Path) -> int:
     print(f"\n{o['requests']} measured requests ({o['failed']} failed), TTFT p50 {o['ttft_ms']['p50'] or 0:.1f} ms, "
           f"ITL p50 {o['itl_ms']['p50'] or 0:.1f} ms, TPOT p50 {o['tpot_ms']['p50'] or 0:.1f} ms, "
           f"{o['output_throughput_tok_s'] or 0:.1f} output tok/s, goodput {100 * (o['goodput']['share'] or 0):.0f} %")
+    if steps is not None:
+        (out / "server_steps.json").write_text(json.dumps(steps, indent=1) + "\n")
+        print(f"engine: {steps['steps']} steps of {steps['mean_tokens']:.0f} tokens on average (half of them at most "
+              f"{steps['p50_tokens_at_most']:g}), {steps['preemptions']} preemptions (server_steps.json)")
     print(f"report: {out / 'report.md'} (summary.json, plots, requests.jsonl in {out})")
     return rc
+
+
+def _default_metrics_url(host: str) -> str:
+    u = urlparse(_http_url(host))
+    return f"http://{u.hostname}:{(u.port or 80) + 2}/metrics"
+
+
+def engine_steps(metrics_url: str, models: list[str]) -> dict | None:
+    """The server's `alrkvd:iteration_tokens_total` histogram (cumulative counts by upper bound, count, sum) and
+    `alrkvd:num_preemptions_total` for `models`, summed; None where /metrics does not answer or has no such
+    histogram (another server)."""
+    from loadtest.soak import parse_prometheus
+
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=10) as r:
+            samples = parse_prometheus(r.read().decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        return None
+    out = {"le": {}, "count": 0.0, "sum": 0.0, "preemptions": 0.0}
+    for name, labels, value in samples:
+        if labels.get("model") not in models:
+            continue
+        if name == "alrkvd:iteration_tokens_total_bucket":
+            out["le"][float(labels["le"])] = out["le"].get(float(labels["le"]), 0.0) + value
+        elif name == "alrkvd:iteration_tokens_total_count":
+            out["count"] += value
+        elif name == "alrkvd:iteration_tokens_total_sum":
+            out["sum"] += value
+        elif name == "alrkvd:num_preemptions_total":
+            out["preemptions"] += value
+    return out if out["le"] else None
+
+
+def steps_between(before: dict | None, after: dict | None) -> dict | None:
+    """The engine's steps between two `engine_steps` readings: how many, their mean tokens, the share at most each
+    bucket's bound, the smallest bound that half of them fit, and the preemptions."""
+    if before is None or after is None:
+        return None
+    steps = after["count"] - before["count"]
+    if steps <= 0:
+        return None
+    at_most = {le: (after["le"][le] - before["le"].get(le, 0.0)) / steps for le in sorted(after["le"])}
+    return {"steps": int(steps), "mean_tokens": (after["sum"] - before["sum"]) / steps,
+            "share_at_most": {f"{le:g}": share for le, share in at_most.items()},
+            "p50_tokens_at_most": next(le for le, share in at_most.items() if share >= 0.5),
+            "preemptions": int(after["preemptions"] - before["preemptions"])}
 
 
 if __name__ == "__main__":

@@ -241,7 +241,7 @@ def test_make_loadtest_smoke(triton_server, tmp_path):
     # -o: never let this test run the Makefile's pip setup (CI's `make test` has just done it).
     cmd = ["make", "--no-print-directory", "-o", ".venv/.alrkvd-setup", "-o", "setup", "loadtest",
            f"LOADTEST_ARGS=--host http://{srv.http_url} --grpc-url {srv.grpc_url} --server never --out {out} "
-           "--run-time 12s"]
+           f"--metrics-url {srv.metrics_url} --run-time 12s"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"report: {out / 'report.md'}" in proc.stdout
@@ -268,3 +268,8 @@ def test_make_loadtest_smoke(triton_server, tmp_path):
             im.verify()
             assert im.format == "PNG" and im.size[0] > 300
     assert (out / "locust.html").stat().st_size > 0 and (out / "run.json").is_file()
+    # the server's engine steps over the run, from /metrics: their tokens hold every prompt and generated token
+    steps = json.loads((out / "server_steps.json").read_text())
+    generated = sum(s["output_tokens"] for s in summary["tenants"].values())
+    assert steps["steps"] > 0 and steps["mean_tokens"] * steps["steps"] >= generated
+    assert steps["share_at_most"]["inf"] == 1.0 and "engine: " in proc.stdout
