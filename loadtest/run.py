@@ -251,29 +251,15 @@ def _default_metrics_url(host: str) -> str:
 
 
 def engine_steps(metrics_url: str, models: list[str]) -> dict | None:
-    """The server's `alrkvd:iteration_tokens_total` histogram (cumulative counts by upper bound, count, sum) and
-    `alrkvd:num_preemptions_total` for `models`, summed; None where /metrics does not answer or has no such
-    histogram (another server)."""
-    from loadtest.soak import parse_prometheus
+    """The server's /metrics for `models` (`loadtest.soak.server_metrics`: its steps' tokens and preemptions among
+    them); None where it does not answer or counts no steps (another server)."""
+    from loadtest.soak import server_metrics
 
     try:
-        with urllib.request.urlopen(metrics_url, timeout=10) as r:
-            samples = parse_prometheus(r.read().decode("utf-8", "replace"))
+        m = server_metrics(metrics_url, models)
     except (OSError, ValueError):
         return None
-    out = {"le": {}, "count": 0.0, "sum": 0.0, "preemptions": 0.0}
-    for name, labels, value in samples:
-        if labels.get("model") not in models:
-            continue
-        if name == "alrkvd:iteration_tokens_total_bucket":
-            out["le"][float(labels["le"])] = out["le"].get(float(labels["le"]), 0.0) + value
-        elif name == "alrkvd:iteration_tokens_total_count":
-            out["count"] += value
-        elif name == "alrkvd:iteration_tokens_total_sum":
-            out["sum"] += value
-        elif name == "alrkvd:num_preemptions_total":
-            out["preemptions"] += value
-    return out if out["le"] else None
+    return m if m["steps"]["le"] else None
 
 
 def steps_between(before: dict | None, after: dict | None) -> dict | None:
@@ -281,11 +267,12 @@ def steps_between(before: dict | None, after: dict | None) -> dict | None:
     bucket's bound, the smallest bound that half of them fit, and the preemptions."""
     if before is None or after is None:
         return None
-    steps = after["count"] - before["count"]
+    b, a = before["steps"], after["steps"]
+    steps = a["count"] - b["count"]
     if steps <= 0:
         return None
-    at_most = {le: (after["le"][le] - before["le"].get(le, 0.0)) / steps for le in sorted(after["le"])}
-    return {"steps": int(steps), "mean_tokens": (after["sum"] - before["sum"]) / steps,
+    at_most = {le: (a["le"][le] - b["le"].get(le, 0.0)) / steps for le in sorted(a["le"])}
+    return {"steps": int(steps), "mean_tokens": (a["sum"] - b["sum"]) / steps,
             "share_at_most": {f"{le:g}": share for le, share in at_most.items()},
             "p50_tokens_at_most": next(le for le, share in at_most.items() if share >= 0.5),
             "preemptions": int(after["preemptions"] - before["preemptions"])}

@@ -144,13 +144,15 @@ def parse_prometheus(text: str) -> list[tuple[str, dict, float]]:
 
 
 def server_metrics(metrics_url: str, models: list[str]) -> dict:
-    """The engine's gauges and request counters for `models` (summed over them), from /metrics."""
+    """The engine's gauges and request counters for `models` (summed over them), from /metrics; with its steps'
+    tokens (`alrkvd:iteration_tokens_total`: cumulative counts by upper bound `le`, `count`, `sum`)."""
     with urllib.request.urlopen(metrics_url, timeout=10) as r:
         samples = parse_prometheus(r.read().decode("utf-8", "replace"))
-    out = {"kv_blocks_used": 0.0, "kv_blocks_total": 0.0, "running": 0.0, "waiting": 0.0,
-           "success": Counter(), "failure": Counter()}
+    out = {"kv_blocks_used": 0.0, "kv_blocks_total": 0.0, "running": 0.0, "waiting": 0.0, "preemptions": 0.0,
+           "success": Counter(), "failure": Counter(), "steps": {"le": Counter(), "count": 0.0, "sum": 0.0}}
     gauges = {"alrkvd:kv_cache_blocks_used": "kv_blocks_used", "alrkvd:kv_cache_blocks_total": "kv_blocks_total",
-              "alrkvd:num_requests_running": "running", "alrkvd:num_requests_waiting": "waiting"}
+              "alrkvd:num_requests_running": "running", "alrkvd:num_requests_waiting": "waiting",
+              "alrkvd:num_preemptions_total": "preemptions"}
     for name, labels, value in samples:
         if labels.get("model") not in models:
             continue
@@ -160,7 +162,12 @@ def server_metrics(metrics_url: str, models: list[str]) -> dict:
             out["success"][labels.get("finished_reason", "?")] += value
         elif name == "alrkvd:request_failure_total":
             out["failure"][labels.get("reason", "?")] += value
+        elif name == "alrkvd:iteration_tokens_total_bucket":
+            out["steps"]["le"][float(labels["le"])] += value
+        elif name in ("alrkvd:iteration_tokens_total_count", "alrkvd:iteration_tokens_total_sum"):
+            out["steps"][name.rsplit("_", 1)[1]] += value
     out["success"], out["failure"] = dict(out["success"]), dict(out["failure"])
+    out["steps"]["le"] = dict(out["steps"]["le"])
     return out
 
 
