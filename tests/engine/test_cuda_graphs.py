@@ -38,12 +38,12 @@ def tiles_ref(q, k_cache, v_cache, tables, seq_lens, tile_starts, tile_counts, s
     return paged_decode_attention_ref(q, k_cache, v_cache, tables, seq_lens, scale)
 
 
-def engine_for(tmp_path, shape: dict, kv_format: str) -> LLMEngine:
+def engine_for(tmp_path, shape: dict, kv_format: str, **args) -> LLMEngine:
     (tmp_path / "config.json").write_text(json.dumps(shape))
     options = kernel_options(64, block_size=32) if kv_format == "alrkvd" else {}
     engine = LLMEngine(EngineArgs(model=str(tmp_path), load_format="dummy", tokenizer="none", device=DEVICE,
-                                  dtype="float32", kv_format=kv_format, kv_options=options, max_num_seqs=4,
-                                  enforce_eager=True))
+                                  dtype="float32", kv_format=kv_format, kv_options=options,
+                                  **{"max_num_seqs": 4, "enforce_eager": True, **args}))
     if DEVICE == "cpu":
         engine.cache.decode_kernel = REFERENCES[kv_format]
         if kv_format == "fp16":
@@ -237,10 +237,7 @@ def test_warm_up_runs_chunks_across_blocks_and_over_a_history_and_leaves_nothing
 def test_warm_up_within_the_engine_limits(tmp_path, limits):
     """A short context, a one-token output limit, a small cache or one-token steps: the warm-up fits in them or does
     nothing (a request it made beyond them would have failed the server's start)."""
-    (tmp_path / "config.json").write_text(json.dumps(QWEN3_MOE))
-    engine = LLMEngine(EngineArgs(model=str(tmp_path), load_format="dummy", tokenizer="none", device="cpu",
-                                  dtype="float32", kv_format="alrkvd", kv_options=kernel_options(64, block_size=32),
-                                  **{"max_num_seqs": 4, "enforce_eager": True, **limits}))
+    engine = engine_for(tmp_path, QWEN3_MOE, "alrkvd", **limits)
     engine.warm_up()
     assert not engine.requests and engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
 
