@@ -202,7 +202,6 @@ def main(argv=None) -> int:
     from loadtest.tenants import load_tenants
 
     models = sorted({t.model for t in load_tenants(a.tenants, model=a.model or None).tenants})
-    a.models = models
     launcher = None
     ready = a.server != "always" and is_ready(a.host, models)
     if not ready and a.server == "never":
@@ -212,23 +211,23 @@ def main(argv=None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         launcher = start_server(a.host, a.grpc_url, models, a.wait_ready, out / "tritonserver.log")
     try:
-        return _run(a, out)
+        return _run(a, out, models)
     finally:
         if launcher is not None:
             print("stopping tritonserver ...", flush=True)
             launcher.stop()
 
 
-def _run(a: argparse.Namespace, out: Path) -> int:
+def _run(a: argparse.Namespace, out: Path, models: list[str]) -> int:
     from loadtest.report import write_report  # no gevent in this process: Locust runs in a child
 
     out.mkdir(parents=True, exist_ok=True)
     cmd = locust_command(a, out)
     metrics_url = a.metrics_url or _default_metrics_url(a.host)
-    before = engine_steps(metrics_url, a.models)
+    before = engine_steps(metrics_url, models)
     print("+", shlex.join(cmd), flush=True)
     rc = subprocess.call(cmd)
-    steps = steps_between(before, engine_steps(metrics_url, a.models))
+    steps = steps_between(before, engine_steps(metrics_url, models))
     if not (out / "requests.jsonl").is_file():
         print(f"locust exited with {rc} and recorded no requests", file=sys.stderr)
         return rc or 2
