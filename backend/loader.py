@@ -17,7 +17,7 @@ from tqdm import tqdm
 from backend import moefy
 from backend.config import ModelConfig
 from backend.experts import attach_expert_streaming
-from backend.model import MoE, Transformer, pack_fp16_linears
+from backend.model import MoE, Transformer, densify_small_experts, pack_fp16_linears
 from backend.tokenizer import default_model_path, open_gguf
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -83,6 +83,8 @@ def load_model(source: str = "default", load_format: str = "auto", device="cpu",
                                     torch_dtype, decisions=expert_decisions)
         model.to(device=device, dtype=torch_dtype)
     model.eval().requires_grad_(False)
+    if str(device) == "cpu":
+        densify_small_experts(model)
     if weight_dtype == "float16":
         pack_fp16_linears(model)
     return model

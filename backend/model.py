@@ -185,6 +185,7 @@ class MoE(nn.Module):
             self.shared_expert = MLP(H, cfg.shared_expert_intermediate_size)
             self.shared_expert_gate = nn.Linear(H, 1, bias=False)
         self.experts = None  # an ExpertCache (backend/experts.py) replaces the stacked weights when streaming
+        self.dense = None    # DenseExperts replaces them on the CPU when the experts are tiny (`densify`)
         self.seeded_routes = None  # [buckets, top_k] experts per bucket: seeded routing (`seed_routing`)
         self.predicted_routes = None  # [buckets, top_k] what a prefetcher names per bucket (`prefetch_logits`)
         self.route_keys = None     # [T] each token's bucket, set by the forward when routing is seeded
@@ -222,6 +223,8 @@ class MoE(nn.Module):
             self.routed_tokens.index_add_(0, ids.flatten(), self.routed_ones[: ids.numel()])
         if self.experts is not None:
             out = self.experts.run(x, weights, ids)
+        elif self.dense is not None:
+            out = self.dense(x, weights, ids)
         elif kernel:  # the routed-token counts are added by the kernel that sorts the pairs
             from kernels.fused_moe import fused_moe
             counts = None if self.routed_tokens is None else (self.routed_tokens, self.routed_ones)
@@ -233,6 +236,49 @@ class MoE(nn.Module):
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
+
+    def densify(self):
+        """Run the routed experts as one `DenseExperts` (their stacked weights move into it)."""
+        self.dense = DenseExperts(self.w13.detach(), self.w2.detach())
+        del self.w13, self.w2
+
+
+class DenseExperts(nn.Module):
+    """All routed experts of an MoE layer as one dense FFN, the routing a mask on its neurons. On the CPU,
+    experts of a few neurons (a dense model split into experts: 8) are too small for a matmul each: two GEMMs
+    over every expert cost what the dense FFN costs, against three tiny matmuls per routed expert (SmolLM2 split
+    128 x 8, top 32, one layer: 0.11 against 0.67 ms for one token, 0.25 against 3.4 for eight; journal
+    2026-12-05 21a; fp16 weights, as served). Experts the step does not route get weight 0."""
+
+    def __init__(self, w13: torch.Tensor, w2: torch.Tensor):
+        super().__init__()
+        E, two_i, H = w13.shape
+        self.num_experts, self.inter = E, two_i // 2
+        self.gate_up = nn.Linear(H, E * two_i, bias=False)   # rows: expert 0's gate, its up, expert 1's gate, ...
+        self.down = nn.Linear(E * self.inter, H, bias=False)  # columns: expert 0's neurons, expert 1's, ...
+        self.gate_up.weight = nn.Parameter(w13.reshape(E * two_i, H), requires_grad=False)
+        self.down.weight = nn.Parameter(w2.permute(1, 0, 2).reshape(H, E * self.inter), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        T = x.shape[0]
+        gate, up = self.gate_up(x).view(T, self.num_experts, 2, self.inter).unbind(2)
+        mask = torch.zeros(T, self.num_experts, dtype=x.dtype, device=x.device).scatter_(1, ids, weights.to(x.dtype))
+        return self.down((F.silu(gate) * up * mask[..., None]).view(T, -1))
+
+
+# Experts whose three projections hold fewer weights than this run densely on the CPU (`DenseExperts`): SmolLM2's
+# split (8 neurons x 576: 13.8k) does; Qwen3-30B-A3B's (768 x 2,048: 4.7M) or OLMoE's keep one matmul per expert.
+DENSE_EXPERT_MAX_WEIGHTS = 1 << 16
+
+
+def densify_small_experts(model: nn.Module):
+    """`MoE.densify` every MoE layer whose experts are small (`DENSE_EXPERT_MAX_WEIGHTS`): the CPU's choice (not
+    where tests run the fused kernels on CPU tensors)."""
+    if KERNELS_ON_CPU:
+        return
+    for m in model.modules():
+        if isinstance(m, MoE) and m.experts is None and m.w13[0].numel() + m.w2[0].numel() < DENSE_EXPERT_MAX_WEIGHTS:
+            m.densify()
 
 
 class FP16Linear(nn.Module):

@@ -2,6 +2,7 @@
 CUDA path (in float32), where its Triton kernels (norms, RoPE, MoE, the KV write, paged attention) replace
 PyTorch: on the GPU where there is one, and on the CPU under Triton's interpreter (`cpu-kernels`)."""
 import contextlib
+from unittest import mock
 
 from kernels.testing import use_interpreter_without_gpu
 
@@ -37,8 +38,10 @@ CONFIGS = {
 }
 
 
-# the kernels on CPU tensors need Triton's interpreter, which a machine with a GPU does not run: there `cuda` runs them
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else ["cpu-kernels"])
+# the kernels on CPU tensors need Triton's interpreter, which a machine with a GPU does not run: there `cuda` runs them;
+# on the CPU these tiny experts run as one dense FFN (`DenseExperts`), and one matmul per expert (`cpu-grouped`) as
+# larger experts do
+DEVICES = ["cpu", "cpu-grouped"] + (["cuda"] if torch.cuda.is_available() else ["cpu-kernels"])
 # the interpreter is slow: the families whose CUDA paths differ (q/k norms and a plain MoE; a shared expert)
 INTERPRETED = {"qwen3_moe", "qwen2_moe"}
 
@@ -54,7 +57,8 @@ def kernels_on_cpu(device: str):
 
 
 @pytest.fixture(scope="module", params=[(f, d) for f in sorted(CONFIGS) for d in DEVICES
-                                        if d != "cpu-kernels" or f in INTERPRETED], ids="-".join)
+                                        if (d != "cpu-kernels" or f in INTERPRETED)
+                                        and (d != "cpu-grouped" or f != "llama")], ids="-".join)
 def checkpoint(request, tmp_path_factory):
     family, device = request.param
     torch.manual_seed(0)
@@ -66,10 +70,13 @@ def checkpoint(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(family)
     ref.save_pretrained(folder)
     kernels = "triton" if device == "cpu-kernels" else "auto"
-    with kernels_on_cpu(device):
+    dense_max = 0 if device == "cpu-grouped" else model_module.DENSE_EXPERT_MAX_WEIGHTS
+    with kernels_on_cpu(device), mock.patch.object(model_module, "DENSE_EXPERT_MAX_WEIGHTS", dense_max):
         engine = LLMEngine(EngineArgs(model=str(folder), tokenizer="none", kv_format="full",
                                       device=device.split("-")[0], dtype="float32", attention_backend=kernels))
-    assert (engine.cache.decode_kernel is not None) == (device != "cpu")
+    assert (engine.cache.decode_kernel is not None) == (device in ("cuda", "cpu-kernels"))
+    moes = [layer.mlp for layer in engine.model.layers if isinstance(layer.mlp, model_module.MoE)]
+    assert all((m.dense is not None) == (device == "cpu") for m in moes)
     return family, device, ref, engine
 
 
