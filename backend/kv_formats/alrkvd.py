@@ -502,10 +502,22 @@ class ALRKVDFormat(KVFormat):
             return self._dequant_resid(unpack_bits(codes, bits, self.head_dim), s, z, bits, base)
         return self._dequant_resid(None, s, z, bits, base, levels=unpack_levels(codes, self._byte_tables[kv]))
 
+    def decode_layers(self, layers: range, block_ids, start_pos=0):
+        """`decode` of the same blocks in every layer of `layers` in one call (each operation over all of them, not
+        once a layer: on the CPU, short histories cost the operations' overhead more than their work)."""
+        ids = self._ids(block_ids, self.device)
+        n, L, T = ids.numel(), len(layers), self.block_size
+        if not torch.is_tensor(start_pos):
+            start_pos = start_pos + T * torch.arange(n, device=self.device)
+        k, v = self.decode(torch.as_tensor(list(layers), device=self.device).repeat_interleave(n),
+                           ids.repeat(L), start_pos=start_pos.to(self.device).repeat(L))
+        return k.view(L, n * T, *k.shape[1:]), v.view(L, n * T, *v.shape[1:])
+
     def decode(self, layer, block_ids, start_pos=0):
         """Keys before RoPE and values of the listed blocks; with ``key_frame=post_rope`` or ``rotated`` the blocks
         are taken as consecutive from position ``start_pos`` (the cache decodes a sequence's table from its start),
-        or from each block's own first position (``start_pos`` a tensor [n]: blocks of several sequences)."""
+        or from each block's own first position (``start_pos`` a tensor [n]: blocks of several sequences).
+        ``layer``: one layer, or each block's (a tensor [n]; `decode_layers`)."""
         o = self.options
         ids = self._ids(block_ids, self.device)
         n = ids.numel()

@@ -136,6 +136,12 @@ class KVFormat:
         it), or each block's (a tensor [n]), for formats that store keys in a position's frame; others ignore it."""
         raise NotImplementedError
 
+    def decode_layers(self, layers: range, block_ids, start_pos=0) -> tuple[torch.Tensor, torch.Tensor]:
+        """`decode` of the same blocks in each of `layers`: (k, v) each [len(layers), n * block_size, H, D]. The
+        blocks a sequence closed are the same in every layer, so a step can decode several layers' at once."""
+        k, v = zip(*(self.decode(layer, block_ids, start_pos) for layer in layers))
+        return torch.stack(k), torch.stack(v)
+
     def roundtrip(self, k: torch.Tensor, v: torch.Tensor, layer: int = 0, block_id: int = 0, **kw):
         """Compress one block [block_size, H, D] into block ``block_id`` and return its reconstruction
         (``kw``: e.g. ``start_pos`` for formats that need the block's position)."""

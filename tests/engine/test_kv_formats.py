@@ -451,6 +451,79 @@ def test_a_decode_step_reads_every_window_at_once_as_sequence_by_sequence(name, 
     assert [s.num_tokens for s in seqs[id(fast)]] == [n + steps for n in lengths]
 
 
+@pytest.mark.parametrize("opts", [{"latent_bits": "4", "basis_bits": "4", "scale_bits": "8"},
+                                  {"key_frame": "rotated", "codebook": "uniform", "rotate": "0"},
+                                  {"key_frame": "post_rope", "exact_tokens": "2"},
+                                  {"codebook": "trellis", "v_bits": "3", "v_low_tokens": "8", "scale_bits": "8"}])
+def test_decode_layers_is_each_layers_decode(opts):
+    """ALR-KVD decodes the same blocks of several layers in one call: each layer's is what `decode` of that layer
+    gives (bit for bit but where trellis codes and low-bit values reorder a sum: 1e-7)."""
+    from backend.kv_formats import make_format
+    from kernels.testing import rope_tables
+    fmt = make_format("alrkvd", 3, H, D, torch.float32, "cpu", 8, 32, **{k: v for k, v in opts.items()})
+    fmt.set_rotary(rope_tables(D, 1024, 10000.0))
+    g = torch.Generator().manual_seed(5)
+    for layer in range(3):
+        for b in range(5):
+            k, v = torch.randn(32, H, D, generator=g) * 2, torch.randn(32, H, D, generator=g)
+            fmt.encode(layer, b, k, v, start_pos=32 * b, saliency=torch.rand(32, H, generator=g)
+                       if opts.get("v_low_tokens") else None)
+    exact = opts.get("codebook") != "trellis"
+    for start in (0, torch.tensor([96, 0, 128])):
+        k, v = fmt.decode_layers(range(1, 3), [3, 0, 4], start_pos=start)
+        assert k.shape == v.shape == (2, 3 * 32, H, D)
+        for i, layer in enumerate((1, 2)):
+            for got, want in zip((k[i], v[i]), fmt.decode(layer, [3, 0, 4], start_pos=start)):
+                assert torch.equal(got, want) if exact else torch.allclose(got, want, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("name,opts", [("alrkvd", {"latent_bits": "4", "basis_bits": "4", "scale_bits": "8"}),
+                                       ("alrkvd", {"key_frame": "rotated", "codebook": "uniform"}), ("kivi2", {})])
+def test_a_step_decodes_the_history_of_the_layers_ahead_as_layer_by_layer(name, opts):
+    """On the PyTorch path a step decodes a sequence's closed blocks for every layer at once (as many as
+    `HISTORY_BYTES` holds), for prompt chunks and for decode steps of several sequences: the outputs of decoding
+    them layer by layer, in one `decode_layers` call per sequence (or per decode step) instead of one per layer."""
+    from backend.kv_cache import AttentionBatch, SeqKV
+    (fast, rot), (slow, _) = (_cache(name, {"block_size": "32", **opts}, max_num_seqs=2) for _ in range(2))
+    slow.HISTORY_BYTES = 0   # one layer at a time
+    calls = {id(fast): 0, id(slow): 0}
+    for cache in (fast, slow):
+        def counted(*args, _decode=cache.format.decode_layers, _id=id(cache)):
+            calls[_id] += 1
+            return _decode(*args)
+        cache.format.decode_layers = counted
+    g = torch.Generator().manual_seed(4)
+    lengths, chunk = [70, 100], 40
+    data = [(torch.randn(n + 3, H, D, generator=g) * 2, torch.randn(n + 3, H, D, generator=g),
+             torch.randn(n + 3, 2 * H, D, generator=g)) for n in lengths]
+    seqs = {id(c): [SeqKV() for _ in lengths] for c in (fast, slow)}
+
+    def attend(cache, batch, rows):  # rows: (sequence, position) of each query row, in order; layers differ
+        k, v, q = (torch.stack([data[i][j][p] for i, p in rows]) for j in range(3))
+        pos = torch.tensor([p for _, p in rows])
+        outs = [cache.attend(layer, rot.apply(q, pos), k + layer, rot.apply(k + layer, pos), v * (1 + layer), batch)
+                for layer in range(L)]
+        cache.commit(batch)
+        return torch.stack(outs)
+
+    outs = {id(c): [] for c in (fast, slow)}
+    for cache in (fast, slow):
+        for i, (seq, n) in enumerate(zip(seqs[id(cache)], lengths)):  # prompts in chunks over earlier blocks
+            for start in range(0, n, chunk):
+                m = min(chunk, n - start)
+                cache.allocate(seq, m)
+                outs[id(cache)].append(attend(cache, AttentionBatch([seq], [m]), [(i, start + p) for p in range(m)]))
+        for step in range(3):  # decode steps of both sequences
+            for seq in seqs[id(cache)]:
+                cache.allocate(seq, 1)
+            outs[id(cache)].append(attend(cache, AttentionBatch(seqs[id(cache)], [1, 1]),
+                                          [(i, n + step) for i, n in enumerate(lengths)]))
+    for a, b in zip(outs[id(fast)], outs[id(slow)]):
+        assert torch.equal(a, b)
+    reads = 3 + 3  # chunks with closed blocks before them: 70 -> 1 (at 40), 100 -> 2 (at 40, 80); 3 decode steps
+    assert calls[id(fast)] == reads and calls[id(slow)] == L * reads
+
+
 @pytest.mark.parametrize("name,opts", [("alrkvd", {"key_frame": "rotated", "codebook": "uniform"}), ("kivi2", {})])
 def test_prompt_blocks_compressed_at_commit_are_those_compressed_at_the_layer(name, opts):
     """`defer_prompt_blocks` (on CUDA): the blocks prompt chunks fill are compressed at commit, every layer's in one
