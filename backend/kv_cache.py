@@ -270,10 +270,11 @@ class PagedKVCache:
 
     # ---- storage ----------------------------------------------------------------------
     # The most decoded history (keys and values of closed blocks) a step keeps for the layers ahead: the PyTorch path
-    # decodes a sequence's closed blocks for as many layers as fit, at once (`_closed_history`). 4 MB: SmolLM2 on the
-    # CPU, batch 1 at 200 tokens 32.6 ms a step against 45.9 one layer at a time, 35.8 at 2 MB; 16 MB was slower at
-    # batch 4 (92.0 against 76.0 ms: a history out of cache by the time its layer reads it; journal 2026-12-05 21b)
-    HISTORY_BYTES = 4 << 20
+    # decodes a sequence's closed blocks for as many layers as fit, at once (`_closed_history`). SmolLM2 on the CPU,
+    # 2 MB: batch 1 at 200 tokens 35.2 ms a step against 47.9 one layer at a time, batch 8 at 100 tokens 76.3 against
+    # 96.6; larger groups lost where each layer's history is large (4 MB, batch 1 at 1,024 tokens: 115.5 against 93.0
+    # ms; a history out of cache by the time its layer reads it; journal 2026-12-05 21b)
+    HISTORY_BYTES = 2 << 20
 
     def _closed_history(self, layer: int, ids, start_pos, store: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """`format.decode(layer, ids, start_pos)`, from `store` (one step's, for these blocks): on a layer it lacks,
