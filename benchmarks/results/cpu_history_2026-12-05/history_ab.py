@@ -3,11 +3,6 @@ one layer at a time (`HISTORY_BYTES` 0) against groups of layers, in one process
 (medians). From the repository root: `PYTHONPATH=. python benchmarks/results/cpu_history_2026-12-05/history_ab.py`.
 Outputs: history_ab_2mb.txt (this file's arms and cases), history_ab_4mb.txt (4 MB against one layer at a time, at
 batch 1 and 4, 200 and 1,024 tokens). 2026-12-05, CPU, nothing else running."""
-"""Decode steps and prefill of the dense SmolLM2 on the CPU (fp16 weights, `alrkvd-cpu` cache), closed blocks decoded
-one layer at a time (`HISTORY_BYTES` 0) against groups of layers, in one process, the arms alternating in four
-rounds (medians). Run from the repository root: `PYTHONPATH=. python benchmarks/results/cpu_history_2026-12-05/history_ab.py`;
-its outputs: history_ab_2mb.txt (the arms as below), history_ab_4mb.txt (4 MB against one layer at a time, at batch
-1 and 4, 200 and 1,024 tokens). 2026-12-05, CPU."""
 import sys, statistics
 sys.path.insert(0, "."); sys.path.insert(0, "benchmarks")
 from bench_cpu_context import TEXT, measure
