@@ -23,6 +23,7 @@ the key appears in the answer.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -32,6 +33,7 @@ import time
 
 import torch
 
+from backend.kv_formats.base import KVFormat
 from backend.kv_presets import PRESETS, resolve_kv
 
 DEFAULT_TEXT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -91,6 +93,8 @@ def memoize_decode(fmt) -> None:
         memo.clear()
 
     fmt.encode, fmt.encode_blocks, fmt.decode, fmt.clear_decode_memo = encode, encode_blocks, decode, clear
+    # several layers' blocks (the cache decodes a step's history so) through the memo too, a layer at a time
+    fmt.decode_layers = functools.partial(KVFormat.decode_layers, fmt)
 
 
 def load_engine(args, num_seqs: int = 1):

@@ -509,17 +509,19 @@ class ALRKVDFormat(KVFormat):
         n, L, T = ids.numel(), len(layers), self.block_size
         if not torch.is_tensor(start_pos):
             start_pos = start_pos + T * torch.arange(n, device=self.device)
-        k, v = self.decode(torch.as_tensor(list(layers), device=self.device).repeat_interleave(n),
-                           ids.repeat(L), start_pos=start_pos.to(self.device).repeat(L))
+        k, v = self._decode(torch.as_tensor(list(layers), device=self.device).repeat_interleave(n),
+                            ids.repeat(L), start_pos=start_pos.to(self.device).repeat(L))
         return k.view(L, n * T, *k.shape[1:]), v.view(L, n * T, *v.shape[1:])
 
     def decode(self, layer, block_ids, start_pos=0):
         """Keys before RoPE and values of the listed blocks; with ``key_frame=post_rope`` or ``rotated`` the blocks
         are taken as consecutive from position ``start_pos`` (the cache decodes a sequence's table from its start),
-        or from each block's own first position (``start_pos`` a tensor [n]: blocks of several sequences).
-        ``layer``: one layer, or each block's (a tensor [n]; `decode_layers`)."""
+        or from each block's own first position (``start_pos`` a tensor [n]: blocks of several sequences)."""
+        return self._decode(layer, self._ids(block_ids, self.device), start_pos)
+
+    def _decode(self, layer, ids: torch.Tensor, start_pos=0):
+        """`decode` of block ids [n] of `layer`: one layer, or each block's (a tensor [n]; `decode_layers`)."""
         o = self.options
-        ids = self._ids(block_ids, self.device)
         n = ids.numel()
         T, H, D = self.block_size, self.num_kv_heads, self.head_dim
         R = o["rank_budget"]

@@ -143,7 +143,7 @@ def test_memoized_evaluation_equals_plain_over_windows(engine):
     evaluate.set_cache(eng, "alrkvd", opts, 256)
     memoized = evaluate.perplexity(eng, ids, 256, 64)
     evaluate.set_cache(eng, "alrkvd", opts, 256)
-    del eng.cache.format.encode, eng.cache.format.decode  # back to the format's own methods
+    del eng.cache.format.encode, eng.cache.format.decode, eng.cache.format.decode_layers  # the format's own methods
     plain = evaluate.perplexity(eng, ids, 256, 64)
     assert memoized["windows"] == plain["windows"] == 2
     assert memoized["ppl"] == pytest.approx(plain["ppl"], rel=1e-6)
