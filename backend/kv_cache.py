@@ -281,8 +281,8 @@ class PagedKVCache:
         decoded for that layer and the next ones, as many as `HISTORY_BYTES` holds (a closed block is the same
         in every layer; each decode operation costs ~10 us of overhead on the CPU whatever its size)."""
         if layer not in store:
-            n = len(ids) * self.block_size * self.cfg.num_kv_heads * self.cfg.head_dim * 2 * self.dtype.itemsize
-            group = range(layer, min(layer + max(1, self.HISTORY_BYTES // max(n, 1)), self.cfg.num_layers))
+            per_layer = len(ids) * self.block_size * self.cfg.num_kv_heads * self.cfg.head_dim * 2 * self.dtype.itemsize
+            group = range(layer, min(layer + max(1, self.HISTORY_BYTES // max(per_layer, 1)), self.cfg.num_layers))
             k, v = self.format.decode_layers(group, ids, start_pos)
             store.clear()
             store.update({at: (k[i], v[i]) for i, at in enumerate(group)})
