@@ -281,7 +281,7 @@ class PagedKVCache:
         decoded for that layer and the next ones, as many as `HISTORY_BYTES` holds (a closed block is the same
         in every layer; each decode operation costs ~10 us of overhead on the CPU whatever its size)."""
         if layer not in store:
-            per_layer = len(ids) * self.block_size * self.cfg.num_kv_heads * self.cfg.head_dim * 2 * self.dtype.itemsize
+            per_layer = dense_kv_bytes(self.cfg, len(ids) * self.block_size, self.dtype.itemsize) // self.cfg.num_layers
             group = range(layer, min(layer + max(1, self.HISTORY_BYTES // max(per_layer, 1)), self.cfg.num_layers))
             k, v = self.format.decode_layers(group, ids, start_pos)
             store.clear()
