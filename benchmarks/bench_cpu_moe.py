@@ -1,8 +1,8 @@
-"""The CPU's MoE paths on the served `smollm2-moe` config (fp16 weights through FBGEMM, the `alrkvd-cpu` cache):
-routed experts as one dense FFN with the routing as a mask (`DenseExperts`, the CPU's choice for tiny experts)
-against one matmul per routed expert (the path before it, and the path larger experts keep), with the dense
-`smollm2` it was split from as the reference. Decode step time at each batch (prompts of 200 tokens of WikiText-2
-test, a different stretch per sequence) and the time of a 512-token prompt's prefill; the engines are loaded once
+"""The CPU's MoE paths on the served `smollm2-moe` config (fp16 weights through FBGEMM, the `alrkvd-cpu` cache): routed
+experts as one dense FFN with the routing as a mask (`DenseExperts`, the CPU's choice for tiny experts) against one
+matmul per routed expert (the path before it, and the path larger experts keep), with the dense `smollm2` it was split
+from as the reference. Decode step time at each batch (prompts of 200 tokens of WikiText-2 test, a different stretch
+per sequence) and the time of a 512-token prompt's prefill (`bench_cpu_context.measure`); the engines are loaded once
 and measured in turns, `--rounds` times (medians: this shared VM's speed drifts).
 
     python benchmarks/bench_cpu_moe.py --out benchmarks/results/cpu_moe_dense_2026-12-05/engine.json
@@ -21,9 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from backend import model as model_module  # noqa: E402
 from backend.engine import EngineArgs, LLMEngine  # noqa: E402
-from backend.sampling import SamplingParams  # noqa: E402
-
-TEXT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data/wikitext-2-raw/wiki.test.raw")
+from benchmarks import bench_cpu_context  # noqa: E402
 ARMS = {"moe_dense_experts": ("smollm2-moe", None), "moe_one_matmul_per_expert": ("smollm2-moe", 0),
         "dense_smollm2": ("default", None)}
 
@@ -38,26 +36,8 @@ def load(model: str, dense_max: int | None) -> LLMEngine:
 
 def measure(engine: LLMEngine, ids: list[int], batches: list[int], steps: int) -> dict:
     """Median decode step (ms) at each batch size, and the prefill (ms) of one 512-token prompt."""
-    out = {}
-    for b in batches:
-        rids = [engine.add_request(None, SamplingParams(max_tokens=steps + 8, temperature=0, ignore_eos=True),
-                                   prompt_ids=ids[i * 200:(i + 1) * 200]) for i in range(b)]
-        while any(engine.requests[r].output_ids == [] for r in rids):
-            engine.step()
-        times = []
-        for _ in range(steps):
-            t = time.perf_counter()
-            engine.step()
-            times.append(time.perf_counter() - t)
-        out[f"decode_ms_batch_{b}"] = statistics.median(times) * 1e3
-        for r in rids:
-            engine.abort(r)
-    rid = engine.add_request(None, SamplingParams(max_tokens=2), prompt_ids=ids[4000:4512])
-    t = time.perf_counter()
-    while engine.requests[rid].output_ids == []:
-        engine.step()
-    out["prefill_512_ms"] = (time.perf_counter() - t) * 1e3
-    engine.abort(rid)
+    out = {f"decode_ms_batch_{b}": bench_cpu_context.measure(engine, ids, 200, steps, [0.0], b)[0] for b in batches}
+    out["prefill_512_ms"] = bench_cpu_context.measure(engine, ids, 512, 1, [0.0])[2]
     return out
 
 
@@ -70,7 +50,7 @@ def main():
     a = ap.parse_args()
     batches = [int(b) for b in a.batches.split(",")]
     engines = {name: load(*arm) for name, arm in ARMS.items()}
-    ids = engines["dense_smollm2"].tokenizer.encode(open(TEXT).read()[:60000])
+    ids = engines["dense_smollm2"].tokenizer.encode(open(bench_cpu_context.TEXT).read()[:60000])
     for e in engines.values():
         measure(e, ids, [1], 2)  # warm-up
     rounds = {name: [] for name in engines}
