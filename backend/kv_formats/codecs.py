@@ -63,13 +63,28 @@ def quant_scaled(x: torch.Tensor, bits: int, codebook: str, scale_round: Callabl
     scales = torch.stack([rnd(rms * f).clamp_min(1e-8) for f in SCALE_SEARCH[codebook]])   # [F, ..., 1]
     y = x / scales
     if codebook == "gauss":
-        lv = gauss_codebook(bits).to(x.device)
-        q = torch.bucketize(y.contiguous(), (lv[1:] + lv[:-1]) / 2).to(torch.int32)
+        q = gauss_codes(y, bits)
     else:
         q = trellis.quantize(y.reshape(-1, y.shape[-1]), bits, state_bits).reshape(y.shape)
     err = (dequant_scaled(q, scales, bits, codebook, state_bits) - x).pow(2).sum(dim=-1, keepdim=True)
     best = err.argmin(0, keepdim=True)                   # the first of equal errors
-    return q.gather(0, best.expand_as(q))[0], scales.gather(0, best)[0]
+    return q.gather(0, best.expand_as(q))[0].to(torch.int32), scales.gather(0, best)[0]
+
+
+def gauss_codes(y: torch.Tensor, bits: int) -> torch.Tensor:
+    """The nearest Lloyd-Max level of each value, `torch.bucketize(y, edges)` (uint8 up to 8 bits). Up to 4 bits each
+    code is counted as the number of edges below its value, one comparison over the tensor per edge: branch-free,
+    3x faster than bucketize's binary search on the CPU, where encoding a block spent half its time there (journal
+    2026-12-05 22b)."""
+    lv = gauss_codebook(bits)  # on the CPU: the edges as Python floats, no device sync
+    edges = (lv[1:] + lv[:-1]) / 2
+    if bits > 4:
+        return torch.bucketize(y.contiguous(), edges.to(y.device)).to(torch.uint8 if bits <= 8 else torch.int32)
+    q = torch.zeros(y.shape, dtype=torch.uint8, device=y.device)
+    above = torch.empty(y.shape, dtype=torch.bool, device=y.device)
+    for e in edges.tolist():
+        q += torch.gt(y, e, out=above).view(torch.uint8)  # (a bool is a byte: no cast)
+    return q
 
 
 def dequant_scaled(q: torch.Tensor, scale: torch.Tensor, bits: int, codebook: str,

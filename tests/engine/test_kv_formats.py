@@ -16,6 +16,7 @@ import torch  # noqa: E402
 
 from backend.kv_formats import (FORMATS, ALRKVDFormat, gauss_codebook, make_format, pack_bits, packed_len,  # noqa: E402
                                 rotation_matrix, unpack_bits)
+from backend.kv_formats.codecs import gauss_codes  # noqa: E402
 from kernels.codecs import byte_table, unpack_levels  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -92,6 +93,18 @@ def test_alrkvd_decode_by_byte_tables_is_the_code_by_code_decode(opts):
     slow._byte_tables = {}
     for a, b in zip(fast.decode(1, [0, 1, 2]), slow.decode(1, [0, 1, 2])):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5])
+def test_gauss_codes_are_the_nearest_levels_bucketize_finds(bits):
+    """The encode's branch-free codes (a count of the edges below each value) equal torch.bucketize's, values on an
+    edge and at zero included (right=False: a value on an edge takes the lower level)."""
+    lv = gauss_codebook(bits)
+    edges = (lv[1:] + lv[:-1]) / 2
+    y = torch.cat([torch.randn(50_000, generator=torch.Generator().manual_seed(2)) * 1.5, edges, -edges,
+                   torch.tensor([0.0, -0.0, 1e30, -1e30])])[:, None]
+    q = gauss_codes(y, bits)
+    assert torch.equal(q.long(), torch.bucketize(y, edges))
 
 
 @pytest.mark.parametrize("bits", [1, 2, 3, 4])
