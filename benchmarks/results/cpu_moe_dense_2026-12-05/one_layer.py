@@ -8,7 +8,6 @@ from backend.model import FP16Linear
 torch.manual_seed(0)
 E, I, H, k = 128, 8, 576, 32
 w13 = torch.randn(E, 2 * I, H) * 0.05; w2 = torch.randn(E, H, I) * 0.05
-gu = FP16Linear(torch.nn.Linear(H, E * 2 * I, bias=False)); 
 lin = torch.nn.Linear(H, E * 2 * I, bias=False); lin.weight.data = w13.reshape(E * 2 * I, H); gu = FP16Linear(lin)
 lin2 = torch.nn.Linear(E * I, H, bias=False); lin2.weight.data = w2.permute(1, 0, 2).reshape(H, E * I); dn = FP16Linear(lin2)
 def dense(x, w, ids):
