@@ -67,6 +67,10 @@ class StepGraphs:
         # ("pieces", T) -> ([graph per stretch between attentions], hidden)
         self.pool = None  # one memory pool shared by every graph (they never run at once)
         self.piecewise = piecewise and bool(self.max_tokens) and cache.windowed
+        # the blocks a step fills, compressed at commit: two graphs around the host's wait (ALR-KVD)
+        self.compression = CompressGraphs(cache, capture) if cache.compress_blocks is not None else None
+        if self.compression is not None:
+            cache.compress_blocks = self.compression
         if self.piecewise:  # a layer's attention inputs and output between graph pieces
             cfg, dtype = model.cfg, model.embed_tokens.weight.dtype
             self.attn_in = [torch.zeros(self.max_tokens, h, cfg.head_dim, dtype=dtype, device=device)
@@ -134,6 +138,8 @@ class StepGraphs:
         for windowed formats sequences of a block each); piecewise sizes need none. Returns the seconds taken."""
         start = time.perf_counter()
         cache = self.cache
+        if self.compression is not None:
+            self.compression.capture_all()
         for size in reversed(self.token_sizes if self.piecewise and self.capture else []):
             batch = AttentionBatch([], [])  # neither the warm-up nor the capture attends
             batch.valid_rows = self.valid[:size]
@@ -250,3 +256,95 @@ class _AttentionBreaks:
         elif self.T:
             self.runner._attend(layer, self.T, self.batch)
         return self.runner.attn_out[:size]
+
+
+class CompressGraphs:
+    """A windowed format's compression of full blocks (ALR-KVD's `encode_with_kernel`) replayed as two CUDA graphs
+    around its one call where the host waits, the Rayleigh-Ritz eigh (it checks its result on the host). Eagerly,
+    the hundred-odd small kernels of the basis (subspace iteration, rank allocation, stores) took 4.5 ms of host
+    time for one sequence's 48 blocks on the H200 (journal 2026-11-30): a decode step that closed a block took
+    twice its neighbours. One pair of graphs per block count in `sizes` (a call padded up with blocks of zeros that
+    write the cache's scratch block), over static buffers of the blocks, their storage rows and first positions.
+    `capture=False` runs the same buffers eagerly (a CPU test of everything but the capture)."""
+
+    def __init__(self, cache: PagedKVCache, capture: bool = True):
+        self.cache, self.format, self.capture = cache, cache.format, capture
+        self.on_cuda = str(cache.device).startswith("cuda")
+        most, num_layers = cache.COMPRESS_CHUNK, cache.cfg.num_layers
+        # a decode step's blocks are every layer's of each sequence that closes one: 1, 2, 4... sequences
+        self.sizes = sorted({min(num_layers << i, most) for i in range((most // num_layers).bit_length() + 1)})
+        T, H, D = cache.block_size, cache.cfg.num_kv_heads, cache.cfg.head_dim
+        self.k = torch.zeros(most, T, H, D, dtype=cache.dtype, device=cache.device)
+        self.v = torch.zeros_like(self.k)
+        self.rows = torch.zeros(most, dtype=torch.long, device=cache.device)
+        self.starts = torch.zeros_like(self.rows)
+        self.scratch_row = self.format.storage_rows([0], [cache.scratch_block])[0]
+        self.graphs: dict[int, tuple | None] = {}  # size -> (first graph, its outputs, last graph, eigenpairs)
+        self.pool = None
+
+    def __call__(self, layers: list[int], block_ids: list[int], k: torch.Tensor, v: torch.Tensor,
+                 start_pos: list[int]) -> None:
+        """`encode_with_kernel`'s contract (at most `cache.COMPRESS_CHUNK` blocks)."""
+        n = len(block_ids)
+        size = next(s for s in self.sizes if s >= n)
+        pad = size - n
+        rows = self.format.storage_rows(layers, block_ids) + [self.scratch_row] * pad
+        for buf, values in ((self.rows, rows), (self.starts, list(start_pos) + [0] * pad)):
+            host = torch.tensor(values)  # through pinned memory on CUDA: a pageable copy waits for the stream
+            buf[:size].copy_(host.pin_memory() if self.on_cuda else host, non_blocking=True)
+        self.k[:n].copy_(k)
+        self.v[:n].copy_(v)
+        if pad:
+            self.k[n:size].zero_()
+            self.v[n:size].zero_()
+        if size not in self.graphs:
+            self.graphs[size] = self._capture(size) if self.capture else None
+            if self.graphs[size] is not None:
+                return  # the capture's warm-up compressed these blocks
+        if self.graphs[size] is None:
+            self._stages(size)
+            return
+        first, ritz, last, (w, V) = self.graphs[size]
+        first.replay()
+        for buf, x in zip((w, V), self.format.ritz_solve(ritz[3])):
+            buf.copy_(x)
+        last.replay()
+
+    def capture_all(self) -> None:
+        """Capture every size now (the server's start-up), on blocks of zeros that write the scratch block."""
+        if not self.capture:
+            return
+        self.rows.fill_(self.scratch_row)
+        self.starts.zero_()
+        self.k.zero_()
+        self.v.zero_()
+        for size in reversed(self.sizes):  # largest first: the smaller graphs reuse its pool's memory
+            if size not in self.graphs:
+                self.graphs[size] = self._capture(size)
+
+    def _stages(self, size: int) -> None:
+        fmt, rows, starts = self.format, self.rows[:size], self.starts[:size]
+        k, v, Q, M, total = fmt.compress_ritz(self.k[:size], self.v[:size], starts)
+        fmt.compress_store(rows, starts, k, v, Q, total, *fmt.ritz_solve(M))
+
+    def _capture(self, size: int) -> tuple:
+        """The stages once eagerly on a side stream (Triton compiles, cuBLAS and cuSOLVER set up; this call's blocks
+        compressed), then the graph before the eigh and the one after it."""
+        fmt, rows, starts = self.format, self.rows[:size], self.starts[:size]
+        with torch.cuda.device(self.cache.device):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._stages(size)
+            torch.cuda.current_stream().wait_stream(side)
+            first = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(first, pool=self.pool):
+                ritz = fmt.compress_ritz(self.k[:size], self.v[:size], starts)
+            self.pool = first.pool()
+            first.replay()  # the eigh below needs a matrix to decompose; its eigenpairs are the last graph's inputs
+            w, V = fmt.ritz_solve(ritz[3])
+            last = torch.cuda.CUDAGraph()
+            k, v, Q, _, total = ritz
+            with torch.cuda.graph(last, pool=self.pool):
+                fmt.compress_store(rows, starts, k, v, Q, total, w, V)
+        return first, ritz, last, (w, V)

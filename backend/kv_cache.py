@@ -154,6 +154,7 @@ class PagedKVCache:
         self.decode_kernel = None
         self.tiles_kernel = None  # a step's prompt chunks and decodes in one launch (page-addressed formats)
         self.compress = self._encode_blocks  # a windowed format's full blocks -> their compressed form
+        self.compress_blocks = None  # with the format's compression kernel: its call (or CUDA graphs of it) per chunk
         self.compress_stream = None  # side CUDA stream for the blocks decode steps fill (None: inline)
         self._filled = []            # blocks this decode step filled, compressed at commit
         self._compressing = None     # the event of the side stream's last compression
@@ -173,7 +174,7 @@ class PagedKVCache:
             elif self.kernels is not None:
                 self.decode_kernel, self.tiles_kernel = self.kernels.decode, self.kernels.tiles
                 if self.kernels.compress is not None:
-                    self.compress = self._compress_kernel
+                    self.compress, self.compress_blocks = self._compress_kernel, self.kernels.compress
                     if compress_stream:  # blocks filled by decode steps: compressed behind the attention
                         self.compress_stream = torch.cuda.Stream(device)
         # a windowed format's decode steps on the PyTorch path read every sequence at once (`_attend_windows`), but
@@ -196,10 +197,11 @@ class PagedKVCache:
     def _compress_kernel(self, blocks: list[tuple[int, int, int, torch.Tensor, torch.Tensor]]):
         """`_encode_blocks` with the format's compression kernel (ALR-KVD: kernels/alrkvd_compress.py, through
         `encode_with_kernel`): one basis decomposition for up to COMPRESS_CHUNK blocks of a prefill chunk, or of
-        every layer of a decode step."""
+        every layer of a decode step (`compress_blocks`: the kernel's call, or backend/cuda_graphs.py
+        `CompressGraphs`)."""
         for i in range(0, len(blocks), self.COMPRESS_CHUNK):
             layers, ids, starts, ks, vs = zip(*blocks[i:i + self.COMPRESS_CHUNK])
-            self.kernels.compress(list(layers), list(ids), torch.stack(ks), torch.stack(vs), start_pos=list(starts))
+            self.compress_blocks(list(layers), list(ids), torch.stack(ks), torch.stack(vs), start_pos=list(starts))
 
     def _compress_filled(self):
         """Compress the blocks that the step's layers filled (decodes' read from the window until now; prompt

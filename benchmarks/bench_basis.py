@@ -11,10 +11,11 @@ row the median of 5 timed calls after a warm-up:
   DEV-subspace-householder-kK   the same iteration with torch.linalg.qr (Householder) instead of
                      Cholesky QR: the solver before 2026-11-30, float64
 
-And with `--step` (GPU), what compressing the blocks of one decode step costs: `kernels.alrkvd_compress`
-over the blocks that `seqs` sequences fill in every one of `layers` layers (Qwen3-30B-A3B's 4 kv heads of
-128, blocks of 128, the kernels' options) in one call, as the cache does at commit; the host time of the
-call, the time to its end on the GPU, and how many synchronising CUDA calls torch's sync debug mode sees.
+And with `--step` (GPU), what compressing the blocks of one decode step costs: every layer's block of 1, 2, 8
+and 32 sequences as `PagedKVCache.commit` compresses them (Qwen3-30B-A3B's 48 layers of 4 kv heads of 128, the
+served preset `alrkvd-gpu`), eagerly and as CUDA graphs (`backend.cuda_graphs.CompressGraphs`), in turns: the
+host time of the call, the time to its end on the GPU, and how many synchronising CUDA calls torch's sync debug
+mode sees.
 
     python benchmarks/bench_basis.py --out basis.json      # H200
     python benchmarks/bench_basis.py --step --out step.json
@@ -43,39 +44,67 @@ def subspace_householder(G: torch.Tensor, k: int, seed: int = 1234) -> tuple[tor
     return w, q @ u
 
 
-def compress_step(layers: int, seqs: int, heads: int = 4, dim: int = 128, block: int = 128) -> dict:
-    """One decode step's compression: `seqs` blocks in each of `layers` layers, in one call."""
+def compress_step(seqs: int, cache, graphs, rounds: int = 7) -> list[dict]:
+    """One decode step's compression as `PagedKVCache.commit` runs it: every layer's block of `seqs` sequences, in
+    chunks of `COMPRESS_CHUNK` blocks, through the compression kernel's call (eager) and through `graphs`
+    (`CompressGraphs`: two CUDA graphs around the host's eigh), in turns. Per arm the medians of `rounds`: the
+    host time of the call, the time to its end on the GPU; and how many synchronising CUDA calls torch's sync debug
+    mode sees in one call."""
     import warnings
+    cfg, T = cache.cfg, cache.block_size
+    g = torch.Generator(device="cuda").manual_seed(seqs)
+    blocks = []
+    for layer in range(cfg.num_layers):
+        for s in range(seqs):
+            k, v = (torch.randn(T, cfg.num_kv_heads, cfg.head_dim, generator=g, device="cuda").to(cache.dtype)
+                    for _ in range(2))
+            blocks.append((layer, s, 4096 - T, k, v))
+    arms = {"eager": cache.kernels.compress, "graphs": graphs}
+    samples = {arm: [] for arm in arms}
+    syncs = {}
+    for arm, call in arms.items():  # a first call each: compiles, captures
+        cache.compress_blocks = call
+        cache.compress(blocks)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cache.compress(blocks)
+        torch.cuda.set_sync_debug_mode(0)
+        syncs[arm] = sum("synchroniz" in str(w.message) for w in caught)
+    for _ in range(rounds):
+        for arm, call in arms.items():
+            cache.compress_blocks = call
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            cache.compress(blocks)
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            samples[arm].append((t1 - t0, time.perf_counter() - t0))
+    rows = []
+    for arm in arms:
+        host, total = (sorted(x)[rounds // 2] for x in zip(*samples[arm]))
+        rows.append({"arm": arm, "layers": cfg.num_layers, "seqs": seqs, "blocks": len(blocks),
+                     "host_ms": host * 1e3, "total_ms": total * 1e3, "syncs": syncs[arm]})
+    return rows
 
-    from backend.kv_formats import make_format
-    from kernels.alrkvd_attention import kernel_options
-    from kernels.testing import rope_tables
-    fmt = make_format("alrkvd", layers, heads, dim, torch.bfloat16, "cuda", seqs, block, **kernel_options(dim))
-    fmt.set_rotary(rope_tables(dim, 40960, 1e6, device="cuda"))
-    n = layers * seqs
-    k = torch.randn(n, block, heads, dim, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    args = ([i // seqs for i in range(n)], [i % seqs for i in range(n)], k, v)
-    call = lambda: fmt.encode_with_kernel(*args, start_pos=[32768 - block] * n)  # noqa: E731
-    call()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("warn")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        call()
-    torch.cuda.set_sync_debug_mode(0)
-    syncs = sum("synchronizing" in str(w.message) for w in caught)
-    samples = []
-    for _ in range(5):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        call()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        samples.append((t1 - t0, time.perf_counter() - t0))
-    host, total = sorted(samples)[2]
-    return {"layers": layers, "seqs": seqs, "blocks": n, "host_ms": host * 1e3, "total_ms": total * 1e3,
-            "syncs": syncs}
+
+def qwen3_cache(preset: str = "alrkvd-gpu"):
+    """A paged cache of Qwen3-30B-A3B's attention (48 layers, 4 kv heads of 128, bf16) in `preset`, on CUDA,
+    with the compression kernel, and its `CompressGraphs` (every size captured)."""
+    from backend.config import ModelConfig
+    from backend.cuda_graphs import CompressGraphs
+    from backend.kv_cache import PagedKVCache
+    from backend.kv_presets import resolve_kv
+    from backend.model import Rotary
+    cfg = ModelConfig(model_type="qwen3_moe", vocab_size=10, hidden_size=2048, num_layers=48, num_heads=32,
+                      num_kv_heads=4, head_dim=128, intermediate_size=8, rope_theta=1e6)
+    kv_format, options = resolve_kv(preset)
+    cache = PagedKVCache(cfg, Rotary(cfg, 8192, "cuda"), kv_format, options, 4 << 30, 32, torch.bfloat16, "cuda")
+    assert cache.compress_blocks is not None, "the preset's compression has no kernel"
+    graphs = CompressGraphs(cache)
+    graphs.capture_all()
+    return cache, graphs
 
 
 def timed(fn, device) -> float:
@@ -103,9 +132,11 @@ def main(argv=None) -> int:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
     if a.step:
-        for layers, seqs in [(1, 1), (48, 1), (48, 8), (48, 32)]:
-            rows.append(compress_step(layers, seqs))
-            print(json.dumps(rows[-1]), flush=True)
+        cache, graphs = qwen3_cache()
+        for seqs in (1, 2, 8, 32):
+            for row in compress_step(seqs, cache, graphs):
+                rows.append(row)
+                print(json.dumps(row), flush=True)
         a.batches = []
     for n in a.batches:
         x = torch.randn(n, 128, a.dim, device=dev)  # a block of 128 tokens per stream

@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from backend.config import ModelConfig  # noqa: E402
 from backend.engine import EngineArgs, LLMEngine  # noqa: E402
 from backend.kv_cache import SeqKV  # noqa: E402
+from backend.kv_presets import PRESETS  # noqa: E402
 from backend.model import MoE, Transformer  # noqa: E402
 from backend.sampling import SamplingParams  # noqa: E402
 from benchmarks.devices import copy_bandwidth  # noqa: E402
@@ -113,10 +114,10 @@ def cpu_logit_drift() -> dict:
 # ---- GPU ------------------------------------------------------------------------------------
 def kernel_format(name: str, head_dim: int) -> tuple[str, dict]:
     """A format name of these benchmarks -> (kv_format, kv_options): `alrkvd` with the options its Triton kernels
-    read (`kernel_options`), `alrkvd-<frame>` the same with key_frame=<frame> (post_rope, rotated); other formats as
-    they are."""
+    read (`kernel_options`), `alrkvd-<frame>` the same with key_frame=<frame> (post_rope, rotated); presets
+    (backend/kv_presets.py) and other formats as they are."""
     kv_format, _, key_frame = name.partition("-")
-    if kv_format != "alrkvd":
+    if kv_format != "alrkvd" or name in PRESETS:  # a preset (alrkvd-gpu: the served one) as the engine resolves it
         return name, {}
     return kv_format, kernel_options(head_dim, **({"key_frame": key_frame} if key_frame else {}))
 
@@ -218,8 +219,9 @@ def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv
     """`expert_fractions` below 1: the routed experts stream from pinned host memory through a
     device cache of that fraction of their bytes (backend/experts.py), the whole model in the engine.
     `kv_formats`: the paged cache's format (fp16: the Triton paged kernel; others: their decode path);
-    `alrkvd` (and `alrkvd-rotated`) gives two rows from one engine: the blocks a decode step fills compressed on
-    the main stream when the step's forward is queued (the default), and on a side stream (kv_compress_stream=True).
+    `alrkvd` (`alrkvd-rotated`, `alrkvd-gpu`) gives three rows from one engine: the blocks a decode step fills
+    compressed on the main stream when the step's forward is queued (the default: CUDA graphs where decode steps
+    replay them), the same eagerly, and on a side stream (kv_compress_stream=True).
     `modes`: decode steps replayed as CUDA graphs (`graphs`, the engine's default where it can) or launched
     from Python (`eager`), in the same engine."""
     rows = []
@@ -238,15 +240,24 @@ def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv
         while engine.has_unfinished():
             engine.step()
         side_stream = engine.cache.compress_stream
-        # alrkvd twice in the same engine: the blocks decode steps fill compressed inline (the default), then on
-        # the side stream
-        variants = ([(kv_format, None), (f"{kv_format}, side stream", side_stream)] if side_stream is not None
-                    else [(kv_format, None)])
         graphs = engine.graphs
+        compression = graphs.compression if graphs is not None else None
+        if compression is not None:
+            compression.capture_all()  # as the server does at start-up
+        # ALR-KVD in the same engine: the blocks decode steps fill compressed inline (the default), through CUDA
+        # graphs where the step is one (`CompressGraphs`); then eagerly (the code before 2026-12-06); then on the
+        # side stream
+        variants = [(kv_format, None, compression)]
+        if compression is not None:
+            variants.append((f"{kv_format}, compression eager", None, engine.cache.kernels.compress))
+        if side_stream is not None:
+            variants.append((f"{kv_format}, side stream", side_stream, compression))
         for batch in batches:
             for context in contexts:
-                for (label, stream), mode in [(v, m) for v in variants for m in modes]:
+                for (label, stream, compress), mode in [(v, m) for v in variants for m in modes]:
                     engine.cache.compress_stream = stream
+                    if compress is not None:
+                        engine.cache.compress_blocks = compress
                     engine.graphs = graphs if mode == "graphs" else None
                     row = {"model": name, "batch": batch, "context": context, "weights_gb": weights / 1e9,
                            "expert_fraction": fraction, "kv_format": label,

@@ -11,7 +11,7 @@ import torch
 from backend import trellis
 from backend.kv_formats.base import FormatKernels, KVFormat
 from backend.kv_formats.codecs import (LOG_SCALE_STEPS, dequant_scaled, log_scale_base, log_scale_code,
-                                       log_scale_round, quant_scaled, rotation_matrix, subspace_eigh, to_bool)
+                                       log_scale_round, quant_scaled, rotation_matrix, subspace_ritz, to_bool)
 from kernels.codecs import (byte_table, dequant_asym, gauss_codebook, pack_bits, packed_len, quant_asym, unpack_bits,
                             unpack_levels)
 
@@ -280,19 +280,35 @@ class ALRKVDFormat(KVFormat):
         """Leading singular values [N, m] (descending), the right singular vectors as rows [N, m, D] and each
         matrix's energy [N] (sum of all squared singular values) of X [N, T, D], from the D x D Gram matrix.
         ``basis_solver=eigh``: all m = D, float64 on the CPU. ``subspace``: m = min(rank_max + 8, D) by
-        `subspace_eigh`, float64 on X's device (on the H200 2 ms for 512 matrices of 128 x 128 at 24
+        `subspace_eigh`'s steps, float64 on X's device (on the H200 2 ms for 512 matrices of 128 x 128 at 24
         directions, against 738 ms for the CPU eigh: benchmarks/bench_basis.py)."""
+        Q, M, total = self._ritz(X)
+        return self._singular(Q, total, *self.ritz_solve(M))
+
+    def _ritz(self, X: torch.Tensor):
+        """`_svd` up to its eigendecomposition (no host sync): the subspace Q [N, D, m] (None: exact), the
+        matrix to decompose M (Q^T G Q, or the Gram G itself) and each matrix's energy (None: from the
+        singular values)."""
         G = (X.transpose(1, 2) @ X).double()
-        exact = self.options["basis_solver"] == "eigh"
-        if exact:
-            w, U = torch.linalg.eigh(G.cpu())
-            w, U = w.to(X.device), U.to(X.device)
-        else:
-            w, U = subspace_eigh(G, min(self.options["rank_max"] + 8, G.shape[-1]), self.options["seed"])
-        w, U = w.flip(-1).clamp_min(0), U.flip(-1)
-        S = w.sqrt().float()
-        total = S.pow(2).sum(-1) if exact else G.diagonal(dim1=-2, dim2=-1).sum(-1).float()
-        return S, U.transpose(1, 2).float(), total
+        if self.options["basis_solver"] == "eigh":
+            return None, G, None
+        Q, M = subspace_ritz(G, min(self.options["rank_max"] + 8, G.shape[-1]), self.options["seed"])
+        return Q, M, G.diagonal(dim1=-2, dim2=-1).sum(-1).float()
+
+    def ritz_solve(self, M: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eigenpairs of `_ritz`'s M (the exact solver's on the CPU). On CUDA the host waits here: eigh checks
+        its result on the host."""
+        if self.options["basis_solver"] == "eigh":
+            w, U = torch.linalg.eigh(M.cpu())
+            return w.to(M.device), U.to(M.device)
+        return torch.linalg.eigh(M)
+
+    @staticmethod
+    def _singular(Q, total, w: torch.Tensor, V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`_svd`'s result from `_ritz` (Q, total) and `ritz_solve` (eigenpairs, ascending)."""
+        S = w.flip(-1).clamp_min(0).sqrt().float()
+        U = (V if Q is None else Q @ V).flip(-1).transpose(1, 2).float()
+        return S, U, S.pow(2).sum(-1) if total is None else total
 
     @property
     def wants_saliency(self) -> bool:
@@ -409,10 +425,11 @@ class ALRKVDFormat(KVFormat):
         with the Triton compression kernel (kernels/alrkvd_compress.py; latent_bits = basis_bits = 8,
         rank_budget > 0): the basis here in PyTorch, then the kernel. `layer`: the layer of every block, or a
         list of each block's layer (one call for every layer of a decode step). `start_pos` [n]: each block's
-        first position (key_frame=post_rope and rotated only)."""
-        from kernels.alrkvd_compress import alrkvd_compress, device_indices
-        opts = self.compress_options()
-        o = self.options
+        first position (key_frame=post_rope and rotated only). In three stages, which CUDA graphs replay
+        around the one where the host waits (backend/cuda_graphs.py `CompressGraphs`): `compress_ritz`,
+        `ritz_solve`, `compress_store`."""
+        from kernels.alrkvd_compress import device_indices
+        self.compress_options()
         H, D, T = self.num_kv_heads, self.head_dim, self.block_size
         assert k.shape == v.shape and k.shape[1:] == (T, H, D) and k.stride() == v.stride() and k.stride(-1) == 1
         assert T & (T - 1) == 0 and D & (D - 1) == 0, "block_size and head_dim must be powers of two"
@@ -420,32 +437,46 @@ class ALRKVDFormat(KVFormat):
         assert n == k.shape[0]
         if n == 0:
             return
-        if o["key_frame"] != "pre_rope" and (start_pos is None or self._rotary is None):
-            raise ValueError(f"alrkvd key_frame={o['key_frame']}: compress needs start_pos and fmt.set_rotary(rotary)")
-        if o["key_frame"] == "rotated":  # the whole key after RoPE: rotate here once (fp32, as encode), then as pre_rope
-            pos = (device_indices(start_pos, k.device)[:, None] + torch.arange(T, device=k.device)).flatten()
+        if self.options["key_frame"] != "pre_rope" and (start_pos is None or self._rotary is None):
+            raise ValueError(f"alrkvd key_frame={self.options['key_frame']}: compress needs start_pos and "
+                             "fmt.set_rotary(rotary)")
+        layers = layer if isinstance(layer, (list, tuple)) else [layer] * n
+        rows = device_indices(self.storage_rows(layers, block_ids), k.device)
+        starts = None if start_pos is None else device_indices(start_pos, k.device)
+        k, v, Q, M, total = self.compress_ritz(k, v, starts)
+        self.compress_store(rows, starts, k, v, Q, total, *self.ritz_solve(M))
+
+    def storage_rows(self, layers, block_ids) -> list[int]:
+        """Each block's row in the (layer, block)-flattened storage that the compression kernel writes."""
+        return [layer * self.ranks.shape[1] + block for layer, block in zip(layers, block_ids)]
+
+    def compress_ritz(self, k: torch.Tensor, v: torch.Tensor, starts: torch.Tensor | None):
+        """`encode_with_kernel`'s first stage (no host sync): the blocks in the frame the kernel compresses them
+        in (key_frame=rotated: keys through RoPE at `starts`' positions, in float32), and the basis's `_ritz`."""
+        n, T = k.shape[:2]
+        if self.options["key_frame"] == "rotated":  # the whole key after RoPE, then compressed as pre_rope
+            pos = (starts[:, None] + torch.arange(T, device=k.device)).flatten()
             k = self._rope(k.flatten(0, 1).float(), pos).unflatten(0, (n, T))
             v = v.float()
-        layers = device_indices(layer if isinstance(layer, (list, tuple)) else [layer] * n, k.device)
-        rows = layers * self.ranks.shape[1] + device_indices(block_ids, k.device)  # in the (layer, block)-flattened storage
-        self._basis_rows(rows, k, v)
-        post = opts.post_rope
-        alrkvd_compress(opts, self.named_tensors(), rows, k, v,
-                        start_pos=device_indices(start_pos, k.device) if post else None,
+        return (k, v, *self._ritz(torch.cat([k.float(), v.float()], dim=2).permute(0, 2, 1, 3).flatten(0, 1)))
+
+    def compress_store(self, rows: torch.Tensor, starts, k, v, Q, total, w: torch.Tensor, V: torch.Tensor) -> None:
+        """`encode_with_kernel`'s last stage (no host sync): the bases from `ritz_solve`'s eigenpairs (rank
+        allocation, 8-bit codes) stored at `rows` [n] of the (layer, block)-flattened storage, then the kernel."""
+        from kernels.alrkvd_compress import alrkvd_compress
+        n, H = k.shape[0], self.num_kv_heads
+        ranks, bq, bscale = self.quantized_basis(*(t.unflatten(0, (n, 2 * H)) for t in self._singular(Q, total, w, V)))
+        self.ranks.flatten(0, 1)[rows] = ranks.to(torch.int16)
+        self.basis.flatten(0, 1)[rows] = bq.to(torch.int8)
+        self.basis_scale.flatten(0, 1)[rows] = bscale
+        post = self.options["key_frame"] == "post_rope"
+        alrkvd_compress(self.compress_options(), self.named_tensors(), rows, k, v, start_pos=starts if post else None,
                         cos=self._rotary.cos if post else None, sin=self._rotary.sin if post else None, rot=self._rot)
 
     def _block_bases(self, X: torch.Tensor):
         """Ranks, basis codes and scales (`quantized_basis`) of blocks X [n, 2H, T, D], one batched `_svd`: what
-        `encode_blocks` and the compression kernel's `_basis_rows` both store."""
+        `encode_blocks` stores."""
         return self.quantized_basis(*(t.unflatten(0, X.shape[:2]) for t in self._svd(X.flatten(0, 1))))
-
-    def _basis_rows(self, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Batched SVD, rank allocation and 8-bit basis of `encode` for blocks of any layers, written to
-        ranks/basis/basis_scale at `rows` [n] of their (layer, block)-flattened views."""
-        ranks, bq, bscale = self._block_bases(torch.cat([k.float(), v.float()], dim=2).permute(0, 2, 1, 3))
-        self.ranks.flatten(0, 1)[rows] = ranks.to(torch.int16)
-        self.basis.flatten(0, 1)[rows] = bq.to(torch.int8)
-        self.basis_scale.flatten(0, 1)[rows] = bscale
 
     def _split_low(self, layer, block_id, e, q, s, z, saliency):
         """Values with ``v_low_tokens``: the least salient tokens of each head requantized at ``v_low_bits``

@@ -12,7 +12,7 @@ import json  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from backend.cuda_graphs import StepGraphs  # noqa: E402
+from backend.cuda_graphs import CompressGraphs, StepGraphs  # noqa: E402
 from backend.engine import EngineArgs, LLMEngine  # noqa: E402
 from backend.engine import LOCALITY  # noqa: E402
 from backend.model import MoE, local_routes  # noqa: E402
@@ -240,6 +240,36 @@ def test_warm_up_within_the_engine_limits(tmp_path, limits):
     engine = engine_for(tmp_path, QWEN3_MOE, "alrkvd", **limits)
     engine.warm_up()
     assert not engine.requests and engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
+
+
+def test_compression_graphs_store_what_the_kernel_call_stores(tmp_path):
+    """ALR-KVD's compression of full blocks through `CompressGraphs` (on CUDA two captured graphs around the host's
+    eigh, the first call capturing and the second replaying; on CPU the same static buffers eagerly, the kernels
+    under the interpreter): every layer's block of one sequence (a size of its own), of three (padded up to four
+    sequences' with blocks of zeros) and of five (to eight) store what one `encode_with_kernel` call stores, and
+    nothing else changes but the scratch block."""
+    engine = engine_for(tmp_path, QWEN3_MOE, "alrkvd", attention_backend="triton")
+    cache, fmt = engine.cache, engine.cache.format
+    graphs = CompressGraphs(cache, capture=DEVICE == "cuda")
+    assert cache.compress_blocks == fmt.encode_with_kernel and graphs.sizes == [2, 4, 8, 16, 32, 64, 128]
+    T, H, D, L = cache.block_size, 2, 64, 2
+    g = torch.Generator().manual_seed(7)
+    kept = slice(0, cache.scratch_block)  # every block but the scratch one, in every layer
+    for seqs in ([3], [0, 5, 2], [1, 4, 6, 7, 8]):
+        layers, ids = [layer for _ in seqs for layer in range(L)], [b for b in seqs for _ in range(L)]
+        k, v = (torch.randn(len(ids), T, H, D, generator=g).to(DEVICE) for _ in range(2))
+        starts = [T * (b + 1) for b in ids]
+        before = {name: t.clone() for name, t in fmt.named_tensors().items()}
+        fmt.encode_with_kernel(layers, ids, k, v, start_pos=starts)
+        want = {name: t.clone() for name, t in fmt.named_tensors().items()}
+        for _ in range(2 if DEVICE == "cuda" else 1):
+            for name, t in fmt.named_tensors().items():
+                t.copy_(before[name])
+            graphs(layers, ids, k, v, starts)
+            for name, t in fmt.named_tensors().items():
+                assert torch.equal(t[:, kept], want[name][:, kept]), name
+        assert any(not torch.equal(t[:, kept], before[name][:, kept]) for name, t in fmt.named_tensors().items())
+    assert sorted(graphs.graphs) == [2, 8, 16]
 
 
 @pytest.mark.parametrize("kv_format", ["alrkvd", "kivi4"])
