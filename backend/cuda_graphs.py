@@ -68,7 +68,8 @@ class StepGraphs:
         self.pool = None  # one memory pool shared by every graph (they never run at once)
         self.piecewise = piecewise and bool(self.max_tokens) and cache.windowed
         # the blocks a step fills, compressed at commit: two graphs around the host's wait (ALR-KVD)
-        self.compression = CompressGraphs(cache, capture) if cache.compress_blocks is not None else None
+        kernel = cache.use_triton and cache.compress_blocks is not None
+        self.compression = CompressGraphs(cache, capture) if kernel else None
         if self.compression is not None:
             cache.compress_blocks = self.compression
         if self.piecewise:  # a layer's attention inputs and output between graph pieces

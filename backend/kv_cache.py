@@ -154,13 +154,14 @@ class PagedKVCache:
         self.decode_kernel = None
         self.tiles_kernel = None  # a step's prompt chunks and decodes in one launch (page-addressed formats)
         self.compress = self._encode_blocks  # a windowed format's full blocks -> their compressed form
-        self.compress_blocks = None  # with the format's compression kernel: its call (or CUDA graphs of it) per chunk
         self.compress_stream = None  # side CUDA stream for the blocks decode steps fill (None: inline)
         self._filled = []            # blocks this decode step filled, compressed at commit
         self._compressing = None     # the event of the side stream's last compression
         # the decode kernels do not read the sink: with it, the PyTorch path
         self.kernels = None if self.sink_tokens else self.format.kernels(max(max_num_seqs, max_query_rows))
         self.kernel_layers = self.kernels.layers if self.kernels is not None else None
+        # the format's compression kernel: its call (or CUDA graphs of it, backend/cuda_graphs.py) per chunk of blocks
+        self.compress_blocks = self.kernels.compress if self.kernels is not None else None
         # "triton": the kernels on any device (on the CPU under Triton's interpreter: tests of the CUDA path)
         on_cuda = str(device).startswith("cuda")
         self.use_triton = attention_backend == "triton" or (on_cuda and attention_backend != "torch")
@@ -174,7 +175,7 @@ class PagedKVCache:
             elif self.kernels is not None:
                 self.decode_kernel, self.tiles_kernel = self.kernels.decode, self.kernels.tiles
                 if self.kernels.compress is not None:
-                    self.compress, self.compress_blocks = self._compress_kernel, self.kernels.compress
+                    self.compress = self._compress_kernel
                     if compress_stream:  # blocks filled by decode steps: compressed behind the attention
                         self.compress_stream = torch.cuda.Stream(device)
         # a windowed format's decode steps on the PyTorch path read every sequence at once (`_attend_windows`), but
