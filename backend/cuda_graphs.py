@@ -26,8 +26,9 @@ does, at start-up).
 
 What a graph cannot hold runs eagerly: larger steps (a prompt alone, in chunks of up to
 `max_num_batched_tokens`), windowed formats' prompt chunks that cross a block's end without `piecewise` (prompts
-with nobody decoding beside them, which the scheduler does not cut), and the blocks a step fills, which
-`PagedKVCache.commit` compresses after it.
+with nobody decoding beside them, which the scheduler does not cut). The blocks a step fills, which
+`PagedKVCache.commit` compresses after it, replay graphs of their own (`CompressGraphs`, ALR-KVD), two around the
+one call in which the host waits.
 Models whose experts stream from host memory are captured when the device decides which experts to copy
 (backend/graph_experts.py), not when the host does (backend/experts.py).
 """
