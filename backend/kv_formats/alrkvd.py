@@ -429,7 +429,7 @@ class ALRKVDFormat(KVFormat):
         around the one where the host waits (backend/cuda_graphs.py `CompressGraphs`): `compress_ritz`,
         `ritz_solve`, `compress_store`."""
         from kernels.alrkvd_compress import device_indices
-        self.compress_options()
+        self.compress_options()  # refuses the options the kernel does not write
         H, D, T = self.num_kv_heads, self.head_dim, self.block_size
         assert k.shape == v.shape and k.shape[1:] == (T, H, D) and k.stride() == v.stride() and k.stride(-1) == 1
         assert T & (T - 1) == 0 and D & (D - 1) == 0, "block_size and head_dim must be powers of two"
