@@ -91,7 +91,8 @@ def compress_step(seqs: int, cache, graphs, rounds: int = 7) -> list[dict]:
 
 def qwen3_cache(preset: str = "alrkvd-gpu"):
     """A paged cache of Qwen3-30B-A3B's attention (48 layers, 4 kv heads of 128, bf16) in `preset`, on CUDA,
-    with the compression kernel, and its `CompressGraphs` (every size captured)."""
+    with the compression kernel, and its `CompressGraphs` (every size captured; prints the device memory the
+    graphs and their buffers reserved)."""
     from backend.config import ModelConfig
     from backend.cuda_graphs import CompressGraphs
     from backend.kv_cache import PagedKVCache
@@ -102,8 +103,13 @@ def qwen3_cache(preset: str = "alrkvd-gpu"):
     kv_format, options = resolve_kv(preset)
     cache = PagedKVCache(cfg, Rotary(cfg, 8192, "cuda"), kv_format, options, 4 << 30, 32, torch.bfloat16, "cuda")
     assert cache.compress_blocks is not None, "the preset's compression has no kernel"
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_reserved()
     graphs = CompressGraphs(cache)
     graphs.capture_all()
+    torch.cuda.synchronize()
+    print(json.dumps({"compress_graphs_sizes": graphs.sizes,
+                      "reserved_mb": (torch.cuda.memory_reserved() - before) / 2**20}), flush=True)
     return cache, graphs
 
 
