@@ -181,6 +181,13 @@ def _moe_align_kernel(Ids, Sorted, Expert_ids, Num_post_padded, Counts, Pair_wei
         seen += tl.sum(onehot, axis=0)
 
 
+def padded_pairs(numel: int, block_size: int, num_experts: int) -> int:
+    """Room for `numel` pairs sorted by expert, each expert's run padded to `block_size`: at most min(numel, E)
+    experts have pairs, each padded by at most block_size - 1. (Bounding by E alone gave a decode step's 8 pairs of
+    128 experts 121 M-tiles, 113 of them empty programs in every launch of the fused MoE.)"""
+    return triton.cdiv(numel + min(numel, num_experts) * (block_size - 1), block_size) * block_size
+
+
 # One program walks every pair: cheaper than a sort and some twenty small kernels for a step's few
 # thousand pairs (CUDA-graph steps), slower than the sort for long prompts.
 ALIGN_KERNEL_MAX_PAIRS = 4096
@@ -189,8 +196,8 @@ ALIGN_KERNEL_MAX_PAIRS = 4096
 def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: int,
                          counts: tuple[torch.Tensor, torch.Tensor] | None = None) -> MoEAlignment:
     """Sort the pairs of `topk_ids [T, top_k]` by expert, each expert's run padded to a multiple of
-    `block_size`, pairs of one expert in their order. Static output sizes (EM = T*top_k + E*(block_size-1),
-    rounded up), no host sync. One Triton launch up to ALIGN_KERNEL_MAX_PAIRS pairs, else `moe_align_ref`.
+    `block_size`, pairs of one expert in their order. Static output sizes (EM: `padded_pairs`), no host sync.
+    One Triton launch up to ALIGN_KERNEL_MAX_PAIRS pairs, else `moe_align_ref`.
     `counts`: (totals [E], pair weights [>= T*top_k]), floats: totals[e] += the weights of expert e's pairs
     (routing statistics in the same launch; weights 1, or 0 for a CUDA graph's padding rows).
 
@@ -201,7 +208,7 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: i
     numel = topk_ids.numel()
     if numel > ALIGN_KERNEL_MAX_PAIRS:
         return moe_align_ref(topk_ids, block_size, num_experts, counts)
-    em = triton.cdiv(numel + num_experts * (block_size - 1), block_size) * block_size
+    em = padded_pairs(numel, block_size, num_experts)
     device = topk_ids.device
     sorted_token_ids = torch.empty(em, dtype=torch.int32, device=device)
     expert_ids = torch.empty(em // block_size, dtype=torch.int32, device=device)
@@ -223,7 +230,7 @@ def moe_align_ref(topk_ids: torch.Tensor, block_size: int, num_experts: int,
     device = topk_ids.device
     flat = topk_ids.reshape(-1).long()
     numel = flat.numel()
-    em = triton.cdiv(numel + num_experts * (block_size - 1), block_size) * block_size
+    em = padded_pairs(numel, block_size, num_experts)
     per_expert = flat.new_zeros(num_experts).scatter_add_(0, flat, torch.ones_like(flat))  # bincount syncs on CUDA
     if counts is not None:
         counts[0].index_add_(0, flat, counts[1][:numel].to(counts[0].dtype))

@@ -45,6 +45,15 @@ def test_align_worked_example():
     assert a.expert_ids.tolist() == [0, 1, 2, -1] and a.num_tokens_post_padded.tolist() == [6]
 
 
+def test_a_decode_steps_pairs_take_a_tile_per_expert():
+    # one token's 8 pairs of 128 experts: room for 8 runs of 16 rows, so the fused MoE's grid has 8 M-tiles, not
+    # the 121 that padding every one of the 128 experts would make
+    ids = torch.randperm(128, generator=torch.Generator().manual_seed(0))[:8][None]
+    for align in (moe_align_block_size(ids.to(DEVICE), 16, 128), moe_align_ref(ids.to(DEVICE), 16, 128)):
+        assert len(align.sorted_token_ids) == 128 and align.num_tokens_post_padded.tolist() == [128]
+        assert sorted(align.expert_ids.tolist()) == sorted(ids[0].tolist())
+
+
 @pytest.mark.parametrize("T, top_k, E, block", [(1, 2, 8, 16), (13, 3, 5, 4), (40, 8, 64, 16)])
 def test_align_invariants(T, top_k, E, block):
     ids = torch.stack([torch.randperm(E, generator=torch.Generator().manual_seed(t))[:top_k] for t in range(T)])
