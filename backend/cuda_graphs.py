@@ -281,7 +281,7 @@ class CompressGraphs:
         self.rows = torch.zeros(most, dtype=torch.long, device=cache.device)
         self.starts = torch.zeros_like(self.rows)
         self.scratch_row = self.format.storage_rows([0], [cache.scratch_block])[0]
-        self.graphs: dict[int, tuple | None] = {}  # size -> (first graph, its outputs, last graph, eigenpairs)
+        self.graphs: dict[int, tuple | None] = {}  # size -> (first graph, its M, last graph, eigenpairs, outputs)
         self.pool = None
 
     def __call__(self, layers: list[int], block_ids: list[int], k: torch.Tensor, v: torch.Tensor,
@@ -306,9 +306,9 @@ class CompressGraphs:
         if self.graphs[size] is None:
             self._stages(size)
             return
-        first, ritz, last, (w, V) = self.graphs[size]
+        first, M, last, (w, V), _ = self.graphs[size]
         first.replay()
-        for buf, x in zip((w, V), self.format.ritz_solve(ritz[3])):
+        for buf, x in zip((w, V), self.format.ritz_solve(M)):
             buf.copy_(x)
         last.replay()
 
@@ -343,10 +343,10 @@ class CompressGraphs:
             with torch.cuda.graph(first, pool=self.pool):
                 ritz = fmt.compress_ritz(self.k[:size], self.v[:size], starts)
             self.pool = first.pool()
+            k, v, Q, M, total = ritz
             first.replay()  # the eigh below needs a matrix to decompose; its eigenpairs are the last graph's inputs
-            w, V = fmt.ritz_solve(ritz[3])
+            w, V = fmt.ritz_solve(M)
             last = torch.cuda.CUDAGraph()
-            k, v, Q, _, total = ritz
             with torch.cuda.graph(last, pool=self.pool):
                 fmt.compress_store(rows, starts, k, v, Q, total, w, V)
-        return first, ritz, last, (w, V)
+        return first, M, last, (w, V), ritz  # (ritz: the first graph's outputs, held while the last one reads them)
