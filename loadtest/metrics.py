@@ -186,6 +186,18 @@ def measured_window(records: Sequence[RequestRecord]) -> tuple[float, float] | N
     return start, end
 
 
+def itl_in_window(records: Iterable[RequestRecord], start: float, end: float) -> list[float]:
+    """ITL gaps (seconds) of the ok records whose later token arrived in [start, end), wall clock: a load step's
+    gaps by when they happened, whichever step sent their request (one sent late in a light step streams into
+    the heavier next one)."""
+    gaps = []
+    for r in records:
+        if r.ok:
+            times = [r.t_start + t for t, n in zip(r.piece_t, r.piece_tokens) if n > 0]
+            gaps += [b - a for a, b in zip(times, times[1:]) if start <= b < end]
+    return gaps
+
+
 def summarize(records: Iterable[RequestRecord], slos: dict[str, dict] | None = None,
               window: tuple[float, float] | None = None) -> dict:
     """Summary of one group of (non-warm-up) records: latencies in ms, throughput, goodput, failures.

@@ -3,7 +3,8 @@
     python -m loadtest.report reports/<name>          # reads requests.jsonl + run.json there
 
 Everything is recomputed from requests.jsonl (one line per request; warm-up lines are dropped), so
-percentiles are exact, not Locust's rounded buckets. Plots: ITL percentiles against concurrency
+percentiles are exact, not Locust's rounded buckets. Per load step (`by_concurrency`) a request counts in
+the step that sent it, its inter-token gaps in the step in which each came. Plots: ITL percentiles against concurrency
 (itl_vs_concurrency.png), the TTFT distribution per tenant (ttft_distribution.png), output tokens/s
 over time per tenant (tokens_per_s.png) and per-tenant latency side by side (latency_by_tenant.png).
 """
@@ -49,6 +50,16 @@ def stage_users(rec: metrics.RequestRecord, meta: dict) -> int | None:
     return rec.users
 
 
+def stage_window(users: int | None, meta: dict) -> tuple[float, float] | None:
+    """Wall-clock [start, end) of the one stage of the shape's plan that ran `users` users (None when the run
+    had no stages or several ran that many)."""
+    stages = [s for s in (meta.get("plan") or {}).get("stages") or [] if s["users"] == users]
+    started = meta.get("started")
+    if len(stages) != 1 or started is None:
+        return None
+    return started + stages[0]["start_s"], started + stages[0]["end_s"]
+
+
 def build_summary(records: list[metrics.RequestRecord], meta: dict) -> dict:
     measured = [r for r in records if not r.warmup]
     slos = _slos(meta)
@@ -72,12 +83,19 @@ def build_summary(records: list[metrics.RequestRecord], meta: dict) -> dict:
     for users in sorted(levels, key=lambda u: (u is None, u or 0)):
         recs = levels[users]
         w = metrics.measured_window(recs)
-        by_conc.append({
+        step = {
             "users": users,
             "overall": metrics.summarize(recs, slos, w),
             "tenants": {n: metrics.summarize([r for r in recs if r.tenant == n], slos, w)
                         for n in tenants if any(r.tenant == n for r in recs)},
-        })
+        }
+        window = stage_window(users, meta)
+        if window is not None:  # the step's gaps by when they came, not by when their request was sent
+            step["overall"]["itl_ms"] = metrics.distribution(metrics.itl_in_window(measured, *window), 1000.0)
+            for n, s in step["tenants"].items():
+                gaps = metrics.itl_in_window([r for r in measured if r.tenant == n], *window)
+                s["itl_ms"] = metrics.distribution(gaps, 1000.0)
+        by_conc.append(step)
     plan = meta.get("plan") or {}
     summary = {
         "run": {

@@ -372,6 +372,25 @@ def test_report_from_raw_files(tmp_path):
         assert f"({fname})" in md
 
 
+def test_a_request_sent_late_in_a_step_leaves_its_later_gaps_to_the_next(tmp_path):
+    """A request sent at the end of the 1-user step that streams on into the 2-user step (slowly, as it would
+    beside more users): it counts among the first step's requests, but its slow gaps go to the second step's ITL
+    (2026-12-06: one such request made a 1-user step's p99 14.5 ms against 6.3 ms without it)."""
+    records = _fake_run(tmp_path)
+    started = 1_000.0
+    straddler = rec([0.05] + [0.05 + 0.5 * k for k in range(1, 9)], [1] * 9, tenant="chat", t_start=started + 9.9,
+                    users=1)
+    (tmp_path / "requests.jsonl").unlink()
+    w = JsonlWriter(tmp_path / "requests.jsonl")
+    w.write_many(r.to_dict() for r in records + [straddler])
+    w.close()
+    one, two = write_report(tmp_path)["by_concurrency"][:2]
+    assert one["overall"]["requests"] == 19 and two["overall"]["requests"] == 21  # by send (two warm-up, one error)
+    assert one["overall"]["itl_ms"]["max"] < 30 and one["tenants"]["chat"]["itl_ms"]["max"] < 30
+    assert two["overall"]["itl_ms"]["max"] == pytest.approx(500.0)
+    assert two["overall"]["itl_ms"]["count"] == 7 * 20 + 8  # its 20 ok requests and the 8 gaps that came late
+
+
 def _step(users: int, share: float, rps: float) -> dict:
     at = lambda v: {"p50": v, "p90": 2 * v}  # noqa: E731
     return {"users": users, "overall": {"requests": 10, "failed": 0, "ttft_ms": at(100.0), "itl_ms": at(20.0 * users),
