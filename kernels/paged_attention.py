@@ -164,17 +164,22 @@ def _paged_decode_stage1(
     DOT_PRECISION: tl.constexpr,  # "ieee" for an fp32 cache (exact, as `full` promises; tf32 is not), else unused
     MERGE_G: tl.constexpr,  # GROUP padded to a power of two: the merge's heads (it needs no tl.dot's 16)
     MERGE_CHUNK: tl.constexpr,  # partials per step of the merge (`merge_chunk`)
+    MIN_TILES: tl.constexpr,  # the fewest tiles a split takes (MIN_TOKENS_PER_SPLIT / BLOCK_N)
 ):
     """Grid (B, num_kv_heads, num_splits). Writes mid_o[b, heads, s] = softmax-normalised partial
     output and mid_lse[b, heads, s] = its log2-sum-exp2 (-inf for an empty split); the last program of a
-    (sequence, kv head) merges them into out (`merge_if_last`)."""
+    (sequence, kv head) merges them into out (`merge_if_last`). A sequence whose context is short for the
+    launch (a CUDA graph's is sized for the longest its block table holds) uses only the splits of at least
+    MIN_TILES tiles it fills, and the merge reads only theirs: at 4k in a graph, 16 partials instead of 64."""
     pid_b = tl.program_id(0).to(tl.int64)
     pid_kvh = tl.program_id(1)
     pid_s = tl.program_id(2)
 
     # -- this split's tokens: whole tiles, the last split takes what is left
     seq_len = tl.load(Seq_lens + pid_b)
-    tiles_per_split = tl.cdiv(tl.cdiv(seq_len, BLOCK_N), num_splits)
+    n_tiles = tl.cdiv(seq_len, BLOCK_N)
+    tiles_per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), MIN_TILES)
+    busy = tl.cdiv(n_tiles, tiles_per_split)  # splits with tiles
     start = pid_s * tiles_per_split * BLOCK_N
     end = tl.minimum(start + tiles_per_split * BLOCK_N, seq_len)
 
@@ -208,10 +213,11 @@ def _paged_decode_stage1(
         acc = acc * alpha[:, None] + pv
 
     mid_o_row, mid_lse_row = Mid_o + pid_b * stride_mob, Mid_lse + pid_b * stride_mlb
-    store_partial(mid_o_row + pid_s * stride_mos, mid_lse_row + pid_s,
-                  acc, m_i, l_i, heads, offs_d, mask_g, mask_d, stride_moh, stride_mlh)
+    if pid_s < busy:
+        store_partial(mid_o_row + pid_s * stride_mos, mid_lse_row + pid_s,
+                      acc, m_i, l_i, heads, offs_d, mask_g, mask_d, stride_moh, stride_mlh)
     offs_mg = tl.arange(0, MERGE_G)
-    merge_if_last(Tickets + pid_b * tl.num_programs(1) + pid_kvh, num_splits, num_splits, mid_o_row, mid_lse_row,
+    merge_if_last(Tickets + pid_b * tl.num_programs(1) + pid_kvh, num_splits, busy, mid_o_row, mid_lse_row,
                   Out + pid_b * stride_ob, pid_kvh * GROUP + offs_mg, offs_mg < GROUP, offs_d, mask_d, stride_moh,
                   stride_mos, stride_mlh, stride_oh, MERGE_G, BLOCK_D, MERGE_CHUNK)
 
@@ -347,7 +353,7 @@ def _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o
         DOT_DTYPE=dot_dtype(k_cache.dtype, q.device),
         DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
         MERGE_G=triton.next_power_of_2(group), MERGE_CHUNK=merge_chunk(group, head_dim, cfg.get("num_warps", 4), 4),
-        **cfg,
+        MIN_TILES=max(1, MIN_TOKENS_PER_SPLIT // block_n), **cfg,
     )
 
 

@@ -64,8 +64,8 @@ def test_splits(num_splits):
 
 
 def test_many_splits():
-    # 37 splits of a 2,100-token sequence (33 of them non-empty: one 64-token tile each) merged by stage 2,
-    # and the empty splits of the short sequence skipped
+    # a launch of 37 splits for a 2,100-token sequence (33 tiles of 64 tokens): 9 splits of at least 4 tiles
+    # (MIN_TOKENS_PER_SPLIT) take them and the merge reads those 9; the short sequence's one split, the rest idle
     args = _case([2100, 40], num_kv_heads=1, group=4, head_dim=64, block_size=16, dtype=torch.float16)
     _check(args, torch.float16, num_splits=37)
 
