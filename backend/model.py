@@ -195,12 +195,13 @@ class MoE(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, top_k] in x's dtype, expert ids [T, top_k]). Seeded: the experts of the token's
-        bucket, their weights from the router."""
-        seeded = (self.seeded_routes, self.route_keys) if self.seeded_routes is not None else ()
-        if fused(x):  # one launch instead of some six
+        bucket, their weights from the router. A graph's padding rows (`valid_rows` False) take the first row's
+        experts at weight 0: no expert of their own."""
+        seeded = (self.seeded_routes, self.route_keys) if self.seeded_routes is not None else (None, None)
+        if fused(x):  # one launch instead of some eight
             from kernels.fused_moe import moe_route
-            return moe_route(self.gate(x), self.top_k, self.norm_topk_prob, *seeded)
-        return moe_route_ref(self.gate(x), self.top_k, self.norm_topk_prob, *seeded)
+            return moe_route(self.gate(x), self.top_k, self.norm_topk_prob, *seeded, self.valid_rows)
+        return moe_route_ref(self.gate(x), self.top_k, self.norm_topk_prob, *seeded, self.valid_rows)
 
     def prefetch_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Logits an expert prefetcher ranks this layer's experts by, from the previous MoE layer's input x
@@ -215,9 +216,6 @@ class MoE(nn.Module):
         """[T, H]; on CUDA with resident experts and no shared expert, the unreduced pairs [T, top_k, H], which
         the next RMSNorm sums (`RMSNorm.add_and_norm`): one launch fewer."""
         weights, ids = self.route(x)
-        if self.valid_rows is not None:  # padding rows take the first row's experts at weight 0: no expert of their own
-            ids = torch.where(self.valid_rows[:, None], ids, ids[:1])
-            weights = weights * self.valid_rows[:, None]
         kernel = fused(x) and self.experts is None
         if self.routed_tokens is not None and not kernel:  # on the device, no sync: captured in graphs too
             self.routed_tokens.index_add_(0, ids.flatten(), self.routed_ones[: ids.numel()])

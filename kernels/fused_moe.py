@@ -250,12 +250,17 @@ def moe_align_ref(topk_ids: torch.Tensor, block_size: int, num_experts: int,
 
 
 @triton.jit
-def _route_kernel(Logits, Routes, Keys, Weights, Ids, E, stride_logits,
+def _route_kernel(Logits, Routes, Keys, Valid, Weights, Ids, E, stride_logits,
                   TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-                  SEEDED: tl.constexpr, NORMALIZE: tl.constexpr):
+                  SEEDED: tl.constexpr, NORMALIZE: tl.constexpr, HAS_VALID: tl.constexpr):
     """One program per token: softmax over the experts in fp32, then the top k (or the experts of the
-    token's row of Routes, with their probabilities), renormalized over the k when asked."""
-    t = tl.program_id(0)
+    token's row of Routes, with their probabilities), renormalized over the k when asked. With HAS_VALID, a
+    row whose Valid is 0 (a CUDA graph's padding) takes row 0's experts at weight 0."""
+    out = tl.program_id(0)
+    t = out
+    if HAS_VALID:
+        valid = tl.load(Valid + out) != 0
+        t = tl.where(valid, out, 0)
     e = tl.arange(0, BLOCK_E)
     k = tl.arange(0, BLOCK_K)
     x = tl.load(Logits + t * stride_logits + e, mask=e < E, other=-float("inf")).to(tl.float32)
@@ -276,16 +281,20 @@ def _route_kernel(Logits, Routes, Keys, Weights, Ids, E, stride_logits,
             left = tl.where(e == best, -1.0, left)
     if NORMALIZE:
         w = w / tl.sum(tl.where(k < TOP_K, w, 0.0), axis=0)
-    tl.store(Weights + t * TOP_K + k, w.to(Weights.dtype.element_ty), mask=k < TOP_K)
-    tl.store(Ids + t * TOP_K + k, ids, mask=k < TOP_K)
+    if HAS_VALID:
+        w = tl.where(valid, w, 0.0)
+    tl.store(Weights + out * TOP_K + k, w.to(Weights.dtype.element_ty), mask=k < TOP_K)
+    tl.store(Ids + out * TOP_K + k, ids, mask=k < TOP_K)
 
 
 def moe_route(logits: torch.Tensor, top_k: int, normalize: bool, routes: torch.Tensor | None = None,
-              keys: torch.Tensor | None = None):
+              keys: torch.Tensor | None = None, valid: torch.Tensor | None = None):
     """Router logits [T, E] -> (weights [T, top_k] in the logits' dtype, ids [T, top_k] int64), in one
     launch: softmax in fp32, the top k (ties: the lower expert), weights renormalized to sum 1 when
     `normalize`. Seeded routing: token t takes the experts `routes[keys[t]]` ([buckets, top_k]) instead
-    of its top k, their weights from the softmax all the same. Equals kernels.moe_reference.moe_route_ref."""
+    of its top k, their weights from the softmax all the same. `valid [T]` bool: rows where it is False (a CUDA
+    graph's padding) take row 0's experts at weight 0, so they bring no expert of their own (two launches fewer
+    than masking after). Equals kernels.moe_reference.moe_route_ref."""
     T, E = logits.shape
     assert logits.stride(1) == 1
     weights = torch.empty(T, top_k, dtype=logits.dtype, device=logits.device)
@@ -293,9 +302,12 @@ def moe_route(logits: torch.Tensor, top_k: int, normalize: bool, routes: torch.T
     seeded = routes is not None
     if seeded:
         assert routes.is_contiguous() and routes.shape[1] == top_k and keys.shape == (T,)
-    _route_kernel[(T,)](logits, routes if seeded else ids, keys if seeded else ids, weights, ids, E,
-                        logits.stride(0), TOP_K=top_k, BLOCK_E=triton.next_power_of_2(E),
-                        BLOCK_K=triton.next_power_of_2(top_k), SEEDED=seeded, NORMALIZE=normalize, num_warps=4)
+    if valid is not None:
+        assert valid.dtype == torch.bool and valid.shape == (T,) and valid.is_contiguous()
+    _route_kernel[(T,)](logits, routes if seeded else ids, keys if seeded else ids, ids if valid is None else valid,
+                        weights, ids, E, logits.stride(0), TOP_K=top_k, BLOCK_E=triton.next_power_of_2(E),
+                        BLOCK_K=triton.next_power_of_2(top_k), SEEDED=seeded, NORMALIZE=normalize,
+                        HAS_VALID=valid is not None, num_warps=4)
     return weights, ids
 
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 
-def moe_route_ref(logits, top_k, normalize, routes=None, keys=None):
+def moe_route_ref(logits, top_k, normalize, routes=None, keys=None, valid=None):
     """Router logits [T, E] -> (weights [T, top_k], ids): see kernels.fused_moe.moe_route."""
     probs = F.softmax(logits, dim=-1, dtype=torch.float32)
     if routes is not None:
@@ -18,6 +18,9 @@ def moe_route_ref(logits, top_k, normalize, routes=None, keys=None):
         weights, ids = torch.topk(probs, top_k, dim=-1)
     if normalize:
         weights = weights / weights.sum(-1, keepdim=True)
+    if valid is not None:  # padding rows: row 0's experts at weight 0
+        ids = torch.where(valid[:, None], ids, ids[:1])
+        weights = weights * valid[:, None]
     return weights.to(logits.dtype), ids
 
 

@@ -96,19 +96,24 @@ def test_align_adds_each_experts_weighted_pairs_to_the_counts(T, top_k, E):
 
 @pytest.mark.parametrize("E, top_k, normalize", [(128, 8, True), (60, 4, False), (8, 2, True)])
 @pytest.mark.parametrize("seeded", [False, True])
-def test_route_equals_softmax_topk(E, top_k, normalize, seeded):
+@pytest.mark.parametrize("padded", [False, True])
+def test_route_equals_softmax_topk(E, top_k, normalize, seeded, padded):
     g = torch.Generator().manual_seed(E)
     T = 6
     logits = (torch.randn(T, E + 3, generator=g) * 2)[:, :E].to(DEVICE)  # a row stride of E + 3
-    seed = ()
+    seed = (None, None)
     if seeded:  # the experts of each token's bucket
         routes = torch.stack([torch.randperm(E, generator=g)[:top_k] for _ in range(5)]).to(DEVICE)
         seed = (routes, torch.tensor([4, 0, 2, 2, 1, 3]).to(DEVICE))
-    weights, ids = moe_route(logits, top_k, normalize, *seed)
-    ref_weights, ref_ids = moe_route_ref(logits, top_k, normalize, *seed)
+    valid = torch.tensor([True, True, False, True, False, False]).to(DEVICE) if padded else None
+    weights, ids = moe_route(logits, top_k, normalize, *seed, valid)
+    ref_weights, ref_ids = moe_route_ref(logits, top_k, normalize, *seed, valid)
     assert ids.dtype == ref_ids.dtype and ids.tolist() == ref_ids.tolist()
     torch.testing.assert_close(weights, ref_weights, atol=1e-6, rtol=1e-5)
-    fp16 = moe_route(logits.half(), top_k, normalize, *seed)[0]  # the weights in the logits' dtype
+    if padded:  # a graph's padding rows: the first row's experts, nothing of their own, at weight 0
+        assert all(ids[t].tolist() == ids[0].tolist() and not weights[t].any() for t in (2, 4, 5))
+        assert weights[3].any()
+    fp16 = moe_route(logits.half(), top_k, normalize, *seed, valid)[0]  # the weights in the logits' dtype
     assert fp16.dtype == torch.float16
 
 
