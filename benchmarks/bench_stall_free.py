@@ -1,6 +1,6 @@
 """Stall-free batching under load: the same Locust load (loadtest/tenants_mixed.yaml: chats streaming
 while documents arrive) against the dense `smollm2` config (`alrkvd-cpu` KV) without `max_step_ms`, then
-with it, one server, one run. The chat tenant's inter-token latency p99 against its p50 says whether prompts
+with it (and with `--target-ratio`, a step target relative to the decode step instead), one server, one run. The chat tenant's inter-token latency p99 against its p50 says whether prompts
 stall streams.
 
     python -m benchmarks.bench_stall_free --target-ms 150 --users 6 --run-time 180s --out reports/stall_free
@@ -47,6 +47,7 @@ def tenant_figures(summary_path: Path) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_stall_free", description=__doc__.split("\n\n")[0])
     p.add_argument("--target-ms", type=float, required=True, help="max_step_ms of the stall-free arm")
+    p.add_argument("--target-ratio", type=float, help="also an arm with this max_step_ratio (and no max_step_ms)")
     p.add_argument("--users", type=int, default=6)
     p.add_argument("--run-time", default="180s")
     p.add_argument("--warmup", default="20s")
@@ -54,6 +55,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path("reports/stall_free"))
     a = p.parse_args(argv)
     arms = {"smollm2_base": {"max_step_ms": "none"}, "smollm2_stallfree": {"max_step_ms": a.target_ms}}
+    if a.target_ratio is not None:
+        arms["smollm2_ratio"] = {"max_step_ms": "none", "max_step_ratio": a.target_ratio}
     results = {}
     with tempfile.TemporaryDirectory(prefix="alrkvd-stallfree-") as tmp:
         repo = Path(tmp) / "model_repository"
