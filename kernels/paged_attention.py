@@ -37,7 +37,8 @@ LOG2E = 1.4426950408889634
 
 # Stage 1 launch parameters when no tuned JSON exists (kernels/tuning.py); tuned per device there.
 _DEFAULT_STAGE1 = {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2}  # sm_90: 59 regs, no spill
-# Fewest tokens one split should cover: below this the merge costs more than the parallelism gains.
+# Fewest tokens one split should cover: below this the merge costs more than the parallelism gains (the default;
+# a tuned config may set its own MIN_TOKENS_PER_SPLIT).
 MIN_TOKENS_PER_SPLIT = 256
 MAX_SPLITS = 64
 
@@ -326,7 +327,14 @@ def _group_block(group: int) -> int:
     return max(16, triton.next_power_of_2(group))
 
 
-def _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o, mid_lse, out, tickets):
+def stage1_config(head_dim: int, group: int, page_size: int, device: torch.device) -> dict:
+    """Stage 1's launch parameters (kernels/tuning.py): BLOCK_N, num_warps, num_stages and MIN_TOKENS_PER_SPLIT."""
+    return {"MIN_TOKENS_PER_SPLIT": MIN_TOKENS_PER_SPLIT,
+            **get_config("paged_decode_stage1", f"head_dim={head_dim},group={group},page_size={page_size}", device,
+                         _DEFAULT_STAGE1)}
+
+
+def _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o, mid_lse, out, tickets, cfg):
     batch, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
     num_splits = mid_o.shape[2]
@@ -334,9 +342,8 @@ def _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o
     assert mid_lse.shape == (batch, num_q_heads, num_splits) and mid_lse.dtype == torch.float32
     assert mid_o.stride(-1) == 1 and mid_lse.stride(-1) == 1
     group = num_q_heads // num_kv_heads
-    cfg = get_config("paged_decode_stage1", f"head_dim={head_dim},group={group},page_size={page_size}",
-                     q.device, _DEFAULT_STAGE1)
-    block_n = cfg.pop("BLOCK_N")
+    cfg = dict(cfg)
+    block_n, min_tokens = cfg.pop("BLOCK_N"), cfg.pop("MIN_TOKENS_PER_SPLIT")
     grid = (batch, num_kv_heads, num_splits)
     _paged_decode_stage1[grid](
         q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out, tickets,
@@ -353,7 +360,7 @@ def _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o
         DOT_DTYPE=dot_dtype(k_cache.dtype, q.device),
         DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
         MERGE_G=triton.next_power_of_2(group), MERGE_CHUNK=merge_chunk(group, head_dim, cfg.get("num_warps", 4), 4),
-        MIN_TILES=max(1, MIN_TOKENS_PER_SPLIT // block_n), **cfg,
+        MIN_TILES=max(1, min_tokens // block_n), **cfg,
     )
 
 
@@ -415,11 +422,13 @@ def paged_decode_attention(
     scale: float,
     num_splits: int | None = None,
     tickets: torch.Tensor | None = None,
+    config: dict | None = None,
 ) -> torch.Tensor:
     """Decode attention of `q [B, Hq, D]` over the paged `k_cache`/`v_cache`
     `[num_blocks, block_size, Hkv, D]` (keys rotated); returns `[B, Hq, D]` in q's dtype.
 
     `num_splits`: programs per (sequence, kv head); default from the shapes (`default_num_splits`).
+    `config`: stage 1's launch parameters (`stage1_config`'s keys; default: the tuned or default ones).
     `tickets`: int32 zeros of at least B x Hkv entries, 0 again after the call (`decode_tickets`); None
     allocates them. One launch (the splits merged by the last of them), no host synchronisation: safe under
     CUDA-graph capture.
@@ -430,13 +439,15 @@ def paged_decode_attention(
     assert k_cache.shape == v_cache.shape and k_cache.shape[3] == head_dim
     assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     assert k_cache.dtype == v_cache.dtype and q.device == k_cache.device
+    cfg = config or stage1_config(head_dim, num_q_heads // num_kv_heads, page_size, q.device)
     if num_splits is None:
-        num_splits = default_num_splits(batch, num_kv_heads, block_tables.shape[1] * page_size, q.device)
+        num_splits = default_num_splits(batch, num_kv_heads, block_tables.shape[1] * page_size, q.device,
+                                        cfg["MIN_TOKENS_PER_SPLIT"])
     mid_o = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
     out = torch.empty(batch, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
     tickets = decode_tickets(tickets, batch * num_kv_heads, q.device)
-    _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o, mid_lse, out, tickets)
+    _decode_att_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, mid_o, mid_lse, out, tickets, cfg)
     return out
 
 

@@ -70,6 +70,15 @@ def test_many_splits():
     _check(args, torch.float16, num_splits=37)
 
 
+@pytest.mark.parametrize("min_tokens", [32, 512])
+def test_a_launch_config_sets_the_tiles_and_the_split_length(min_tokens):
+    # what benchmarks/tune_paged_decode.py sweeps: tiles of 32 tokens, splits of at least 32 or 512 tokens
+    args = _case([700, 90], num_kv_heads=2, group=4, head_dim=64, block_size=16, dtype=torch.float16, pad_blocks=64)
+    config = {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "MIN_TOKENS_PER_SPLIT": min_tokens}
+    out = paged_decode_attention(*args, 0.125, config=config)
+    torch.testing.assert_close(out.float(), paged_decode_attention_ref(*args, 0.125).float(), atol=2e-3, rtol=2e-3)
+
+
 def test_block_boundaries():
     # lengths exactly on block and tile boundaries, and one past
     args = _case([16, 64, 65, 128], num_kv_heads=1, group=4, head_dim=32, block_size=16,
