@@ -1,7 +1,8 @@
 """The decode step's linear layers at a few rows: cuBLAS (`F.linear`) against `kernels.skinny_gemm` (whole, and split
-over K with the partials left for the next norm), Qwen3-30B-A3B's shapes. Each arm runs over 8 copies of the weight
-in turn (more bytes than the L2 holds, as a step's 48 layers are), as a CUDA graph of 8 x 8 calls replayed; per
-call: microseconds and the weight bytes read per second against the device's copy bandwidth (same run).
+over K with the partials left for the next norm), Qwen3-30B-A3B's shapes. Each arm runs over copies of the weight
+in turn (twice the L2's bytes, as a step's 48 layers are), timed as `bench_attention.time_calls` times the attention
+kernels (CUDA-graph replays); per call: microseconds and the weight bytes read per second against the device's copy
+bandwidth (same run).
 
     python benchmarks/bench_skinny_gemm.py [--rows 1,8,16] [--out FILE.json]
 """
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_attention import num_copies, time_calls  # noqa: E402
 from benchmarks.devices import copy_bandwidth  # noqa: E402
 from kernels.skinny_gemm import skinny_linear  # noqa: E402
 
@@ -24,30 +26,6 @@ SHAPES = {"qkv_proj": (5120, 2048), "o_proj": (2048, 4096), "router": (128, 2048
 CONFIGS = [{"BLOCK_N": n, "BLOCK_K": k, "num_warps": w, "num_stages": s}
            for n, k, w, s in [(16, 256, 4, 4), (32, 256, 4, 4), (32, 128, 4, 5), (64, 128, 4, 4), (16, 512, 4, 3),
                               (32, 512, 8, 3)]]
-COPIES, CALLS = 8, 8
-
-
-def timed_us(fn, weights) -> float:
-    """Per call, a CUDA graph of CALLS passes over the weight copies, median of 5 replays."""
-    for w in weights:
-        fn(w)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            for w in weights:
-                fn(w)
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / (CALLS * len(weights)))
-    return sorted(times)[2]
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default="1,8,16")
@@ -56,7 +34,8 @@ def main() -> int:
     bw = copy_bandwidth()
     rows = []
     for name, (n, k) in SHAPES.items():
-        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
+        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(num_copies(n * k * 2, "cuda"))]
         for m in [int(r) for r in a.rows.split(",")]:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             ref = F.linear(x, weights[0]).float()
@@ -68,7 +47,7 @@ def main() -> int:
                 out = fn(weights[0]).float()
                 got = out.sum(1) if out.dim() == 3 else out
                 err = (got - ref).abs().max().item() / ref.abs().max().item()
-                us = timed_us(fn, weights)
+                us = time_calls([lambda w=w: fn(w) for w in weights], "cuda") * 1e6
                 row = {"layer": name, "rows": m, "arm": arm, "us": us, "gb_s": n * k * 2 / us / 1e3,
                        "of_copy_bw": n * k * 2 / (us * 1e-6) / bw, "max_rel_err": err}
                 rows.append(row)

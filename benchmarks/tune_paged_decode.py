@@ -4,8 +4,9 @@
 The kernel has one config per (head_dim, group, page_size), so the sweep times every config of a small space at each
 (batch, context) given and keeps the one with the lowest product of its time over the fastest at each shape (as
 `bench_attention.py --tune` ranks). Calls are timed as a decode step's graph runs them: block tables as wide as the
-engine's `max_model_len` (the launch's split count follows the table, the busy splits the context), replayed as a
-CUDA graph of 48 calls cycling through copies of the cache larger than the L2 together, as a step's layers are.
+engine's `max_model_len` (the launch's split count follows the table, the busy splits the context), over copies of
+the cache twice the L2's bytes together (as a step's layers are), from CUDA-graph replays
+(`bench_attention.time_calls`).
 
     python benchmarks/tune_paged_decode.py --model qwen3-30b-a3b --shapes 1x4096 8x32768 32x4096 --out-dir kernels/configs
 """
@@ -21,33 +22,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_attention import num_copies, time_calls  # noqa: E402
 from kernels import paged_attention as pa  # noqa: E402
 from kernels.tuning import device_name  # noqa: E402
 from server.dummy_repository import SHAPES  # noqa: E402
 
 SPACE = {"BLOCK_N": [32, 64, 128], "num_warps": [4, 8], "num_stages": [2, 3], "MIN_TOKENS_PER_SPLIT": [128, 256, 512]}
-LAYERS, PAGE = 48, 16
-POOL_BYTES = 256 << 20  # KV the timed calls cycle through: more than an H200's L2
-
-
-def time_us(call) -> float:
-    """Per call: a CUDA graph of the LAYERS calls `call(layer)`, median of 5 replays."""
-    for layer in range(LAYERS):
-        call(layer)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for layer in range(LAYERS):
-            call(layer)
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / LAYERS)
-    return sorted(times)[2]
+PAGE = 16
 
 
 def main() -> int:
@@ -70,7 +51,7 @@ def main() -> int:
     for text in a.shapes:
         batch, context = (int(x) for x in text.split("x"))
         blocks = batch * -(-context // PAGE)
-        copies = max(1, min(LAYERS, -(-POOL_BYTES // (2 * blocks * PAGE * hkv * d * 2))))  # past the L2, as layers are
+        copies = num_copies(2 * blocks * PAGE * hkv * d * 2, "cuda")
         caches = [[torch.randn(blocks, PAGE, hkv, d, device=dev, dtype=torch.bfloat16) for _ in range(2)]
                   for _ in range(copies)]
         tables = torch.zeros(batch, width, dtype=torch.int32, device=dev)
@@ -80,12 +61,11 @@ def main() -> int:
         tickets = torch.zeros(batch * hkv, dtype=torch.int32, device=dev)
         ref = pa.paged_decode_attention(q, *caches[0], tables, seq_lens, d ** -0.5)
         for cfg in configs:
-            def call(layer, cfg=cfg):
-                return pa.paged_decode_attention(q, *caches[layer % copies], tables, seq_lens, d ** -0.5,
-                                                 tickets=tickets, config=cfg)
+            def call(cache, cfg=cfg):
+                return pa.paged_decode_attention(q, *cache, tables, seq_lens, d ** -0.5, tickets=tickets, config=cfg)
             try:
-                err = (call(0).float() - ref.float()).abs().max().item()
-                us = time_us(call)
+                err = (call(caches[0]).float() - ref.float()).abs().max().item()
+                us = time_calls([lambda c=c: call(c) for c in caches], "cuda") * 1e6
                 rows.append({"batch": batch, "context": context, "config": cfg, "us": us, "max_err": err})
                 print(f"B={batch:2} L={context:6} {cfg} {us:7.2f} us  err {err:.1e}", flush=True)
             except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory: the config is out
