@@ -1,8 +1,10 @@
-"""Where a 256-token mixed step's GPU time goes (dummy Qwen3-30B-A3B, fp16, seeded routing, B=8 decodes at 4k plus a
-248-token prompt chunk, as a CUDA graph replay): torch.profiler's kernel times, grouped by kernel name. `--decode`:
-a decode step of the B sequences instead; `--batch 0`: a prompt chunk of `--tokens` alone (eager, as prefill runs).
+"""Where a 256-token mixed step's GPU time goes (dummy Qwen3-30B-A3B, fp16 or `--kv-format`, seeded routing, B=8
+decodes at 4k plus a 248-token prompt chunk, as a CUDA graph replay; ALR-KVD: graph pieces): torch.profiler's
+kernel times, grouped by kernel name. `--decode`: a decode step of the B sequences instead; `--batch 0`: a prompt chunk
+of `--tokens` alone (eager, as prefill runs).
 
-    python benchmarks/profile_mixed_step.py [--batch 8] [--context 4096] [--tokens 256] [--decode] [--out FILE.json]
+    python benchmarks/profile_mixed_step.py [--batch 8] [--context 4096] [--tokens 256] [--decode] [--kv-format F]
+        [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -29,13 +31,14 @@ def main() -> int:
     p.add_argument("--decode", action="store_true", help="profile decode steps (no prompt chunk)")
     p.add_argument("--tile-rows", type=int, help="the tiles kernel's (token, head) rows (kernels.paged_attention)")
     p.add_argument("--graphs", action="store_true", help="--batch 0: the chunk replays a graph")
+    p.add_argument("--kv-format", default="fp16", help="as bench_engine.py's --kv-formats (ALR-KVD: graph pieces)")
     p.add_argument("--out")
     a = p.parse_args()
     if a.tile_rows:
         import kernels.paged_attention as pa
         pa.TILE_ROWS = a.tile_rows
     graphs = bool(a.batch or a.graphs)  # mixed steps beside decodes always replay graphs
-    engine = dummy_engine("qwen3-30b-a3b", "fp16", kv_budget_bytes=16 << 30, max_num_seqs=64,
+    engine = dummy_engine("qwen3-30b-a3b", a.kv_format, kv_budget_bytes=16 << 30, max_num_seqs=64,
                           cuda_graph_max_tokens=a.tokens if graphs else 0)
     cache = engine.cache
 
@@ -82,11 +85,13 @@ def main() -> int:
     rows = sorted(({"kernel": k[:90], "ms_per_step": v[0], "launches_per_step": v[1]} for k, v in by_name.items()),
                   key=lambda r: -r["ms_per_step"])
     total = sum(r["ms_per_step"] for r in rows)
-    print(f"step {wall_ms:.2f} ms (median of 5, wall); GPU time per step {total:.2f} ms in {sum(r['launches_per_step'] for r in rows):.0f} kernels")
+    launches = sum(r["launches_per_step"] for r in rows)
+    print(f"step {wall_ms:.2f} ms (median of 5, wall); GPU time per step {total:.2f} ms in {launches:.0f} kernels")
     for r in rows[:25]:
         print(f"{r['ms_per_step']:7.3f} ms {r['launches_per_step']:6.0f}x  {r['kernel']}")
     if a.out:
-        Path(a.out).write_text(json.dumps({"batch": a.batch, "context": a.context, "graphs": graphs,
+        Path(a.out).write_text(json.dumps({"kv_format": a.kv_format, "batch": a.batch, "context": a.context,
+                                           "graphs": graphs,
                                            "tokens": a.batch if a.decode else a.tokens,
                                            "step_ms": wall_ms, "gpu_ms_per_step": total, "kernels": rows}, indent=1))
     return 0

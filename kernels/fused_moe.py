@@ -188,16 +188,86 @@ def padded_pairs(numel: int, block_size: int, num_experts: int) -> int:
     return triton.cdiv(numel + min(numel, num_experts) * (block_size - 1), block_size) * block_size
 
 
-# One program walks every pair: cheaper than a sort and some twenty small kernels for a step's few
-# thousand pairs (CUDA-graph steps), slower than the sort for long prompts.
-ALIGN_KERNEL_MAX_PAIRS = 4096
+# Many pairs (prompt chunks): programs of CHUNK_PAIRS pairs each, in two launches: each counts its pairs per expert,
+# then each places its pairs after the runs' starts and the earlier programs' pairs of the same expert.
+@triton.jit
+def _moe_count_kernel(Ids, Partial, Weighted, Pair_weights, numel,
+                      BLOCK_E: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, HAS_COUNTS: tl.constexpr):
+    """Program p: Partial[p, e] = how many of pairs [p * CHUNK, (p + 1) * CHUNK) go to expert e (with HAS_COUNTS,
+    Weighted[p, e] = the sum of their Pair_weights)."""
+    p = tl.program_id(0)
+    e = tl.arange(0, BLOCK_E)
+    chunk = tl.arange(0, BLOCK)
+    counts = tl.zeros([BLOCK_E], dtype=tl.int32)
+    weighted = tl.zeros([BLOCK_E], dtype=tl.float32)  # whole numbers: exact
+    for start in range(p * CHUNK, (p + 1) * CHUNK, BLOCK):
+        mask = start + chunk < numel
+        ids = tl.load(Ids + start + chunk, mask=mask, other=-1)
+        onehot = (ids[:, None] == e[None, :]).to(tl.int32)
+        counts += tl.sum(onehot, axis=0)
+        if HAS_COUNTS:
+            w = tl.load(Pair_weights + start + chunk, mask=mask, other=0.0).to(tl.float32)
+            weighted += tl.sum(onehot.to(tl.float32) * w[:, None], axis=0)
+    tl.store(Partial + p * BLOCK_E + e, counts)
+    if HAS_COUNTS:
+        tl.store(Weighted + p * BLOCK_E + e, weighted)
+
+
+@triton.jit
+def _moe_place_kernel(Ids, Sorted, Expert_ids, Num_post_padded, Partial, Counts, Weighted, numel, em, num_programs,
+                      E: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+                      BLOCK_P: tl.constexpr, BLOCK_SIZE: tl.constexpr, HAS_COUNTS: tl.constexpr):
+    """Program p: the runs' padded starts from every program's counts, then pair i of expert e of its chunk goes to
+    start[e] + e's pairs in earlier programs + e's earlier pairs in this chunk; its share of the M-tiles' experts.
+    `Sorted` holds the padding value already."""
+    p = tl.program_id(0)
+    e = tl.arange(0, BLOCK_E)
+    totals = tl.zeros([BLOCK_E], dtype=tl.int32)
+    earlier = tl.zeros([BLOCK_E], dtype=tl.int32)
+    weighted = tl.zeros([BLOCK_E], dtype=tl.float32)
+    for q0 in range(0, num_programs, BLOCK_P):
+        q = q0 + tl.arange(0, BLOCK_P)
+        part = tl.load(Partial + q[:, None] * BLOCK_E + e[None, :], mask=q[:, None] < num_programs, other=0)
+        totals += tl.sum(part, axis=0)
+        earlier += tl.sum(tl.where(q[:, None] < p, part, 0), axis=0)
+        if HAS_COUNTS:
+            weighted += tl.sum(tl.load(Weighted + q[:, None] * BLOCK_E + e[None, :], mask=q[:, None] < num_programs,
+                                       other=0.0), axis=0)
+    padded = (totals + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+    if p == 0:
+        tl.store(Num_post_padded, tl.sum(padded, axis=0))
+        if HAS_COUNTS:
+            total = tl.load(Counts + e, mask=e < E, other=0.0)
+            tl.store(Counts + e, total + weighted.to(total.dtype), mask=e < E)
+    chunk = tl.arange(0, BLOCK)
+    num_tiles = em // BLOCK_SIZE
+    share = tl.cdiv(num_tiles, num_programs)
+    for t0 in range(p * share, (p + 1) * share, BLOCK):  # each M-tile's expert, as in _moe_align_kernel
+        t = t0 + chunk
+        before = tl.sum(((ends[None, :] <= t[:, None] * BLOCK_SIZE) & (e[None, :] < E)).to(tl.int32), axis=1)
+        tl.store(Expert_ids + t, tl.where(before < E, before, -1), mask=(t < num_tiles) & (t < (p + 1) * share))
+    seen = starts + earlier
+    for start in range(p * CHUNK, (p + 1) * CHUNK, BLOCK):
+        ids = tl.load(Ids + start + chunk, mask=start + chunk < numel, other=-1)
+        onehot = (ids[:, None] == e[None, :]).to(tl.int32)
+        before = tl.cumsum(onehot, axis=0) - onehot
+        dest = tl.sum(onehot * (seen[None, :] + before), axis=1)
+        tl.store(Sorted + dest, start + chunk, mask=start + chunk < numel)
+        seen += tl.sum(onehot, axis=0)
+
+
+# One program walks every pair: a decode step's few hundred pairs in one launch; more, in programs of CHUNK_PAIRS.
+ALIGN_ONE_PROGRAM_MAX_PAIRS = 256
+CHUNK_PAIRS = 256
 
 
 def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: int,
                          counts: tuple[torch.Tensor, torch.Tensor] | None = None) -> MoEAlignment:
     """Sort the pairs of `topk_ids [T, top_k]` by expert, each expert's run padded to a multiple of
     `block_size`, pairs of one expert in their order. Static output sizes (EM: `padded_pairs`), no host sync.
-    One Triton launch up to ALIGN_KERNEL_MAX_PAIRS pairs, else `moe_align_ref`.
+    One Triton launch up to ALIGN_ONE_PROGRAM_MAX_PAIRS pairs, else a fill and two launches of CHUNK_PAIRS a program.
     `counts`: (totals [E], pair weights [>= T*top_k]), floats: totals[e] += the weights of expert e's pairs
     (routing statistics in the same launch; weights 1, or 0 for a CUDA graph's padding rows).
 
@@ -206,21 +276,32 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: i
         expert_ids       [0, 1, 2, -1, ...]                 num_tokens_post_padded [6]
     """
     numel = topk_ids.numel()
-    if numel > ALIGN_KERNEL_MAX_PAIRS:
-        return moe_align_ref(topk_ids, block_size, num_experts, counts)
     em = padded_pairs(numel, block_size, num_experts)
     device = topk_ids.device
-    sorted_token_ids = torch.empty(em, dtype=torch.int32, device=device)
     expert_ids = torch.empty(em // block_size, dtype=torch.int32, device=device)
     num_post_padded = torch.empty(1, dtype=torch.int32, device=device)
     totals, pair_weights = counts if counts is not None else (expert_ids, expert_ids)
     if counts is not None:
         assert totals.shape == (num_experts,) and totals.is_contiguous() and totals.is_floating_point()
         assert pair_weights.numel() >= numel and pair_weights.is_contiguous()
-    _moe_align_kernel[(1,)](topk_ids.contiguous(), sorted_token_ids, expert_ids, num_post_padded,
-                            totals, pair_weights, numel, em,
-                            E=num_experts, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK=64,
-                            FILL_BLOCK=1024, BLOCK_SIZE=block_size, HAS_COUNTS=counts is not None, num_warps=4)
+    ids = topk_ids.contiguous()
+    block_e = triton.next_power_of_2(num_experts)
+    if numel <= ALIGN_ONE_PROGRAM_MAX_PAIRS:
+        sorted_token_ids = torch.empty(em, dtype=torch.int32, device=device)
+        _moe_align_kernel[(1,)](ids, sorted_token_ids, expert_ids, num_post_padded, totals, pair_weights, numel, em,
+                                E=num_experts, BLOCK_E=block_e, BLOCK=64, FILL_BLOCK=1024, BLOCK_SIZE=block_size,
+                                HAS_COUNTS=counts is not None, num_warps=4)
+    else:
+        sorted_token_ids = torch.full((em,), numel, dtype=torch.int32, device=device)
+        programs = triton.cdiv(numel, CHUNK_PAIRS)
+        partial = torch.empty(programs, block_e, dtype=torch.int32, device=device)
+        weighted = torch.empty(programs, block_e, dtype=torch.float32, device=device) if counts is not None else partial
+        _moe_count_kernel[(programs,)](ids, partial, weighted, pair_weights, numel, BLOCK_E=block_e, BLOCK=64,
+                                       CHUNK=CHUNK_PAIRS, HAS_COUNTS=counts is not None, num_warps=4)
+        _moe_place_kernel[(programs,)](ids, sorted_token_ids, expert_ids, num_post_padded, partial, totals, weighted,
+                                       numel, em, programs, E=num_experts, BLOCK_E=block_e, BLOCK=64,
+                                       CHUNK=CHUNK_PAIRS, BLOCK_P=16, BLOCK_SIZE=block_size,
+                                       HAS_COUNTS=counts is not None, num_warps=4)
     return MoEAlignment(sorted_token_ids, expert_ids, num_post_padded, block_size)
 
 

@@ -70,9 +70,11 @@ def test_align_invariants(T, top_k, E, block):
 
 
 @pytest.mark.parametrize("T, top_k, E, block, dtype", [(1, 8, 128, 16, torch.int64), (33, 8, 60, 16, torch.int32),
-                                                     (200, 2, 8, 64, torch.int64), (7, 3, 5, 4, torch.int32)])
+                                                     (200, 2, 8, 64, torch.int64), (7, 3, 5, 4, torch.int32),
+                                                     (520, 8, 128, 128, torch.int32)])
 def test_align_kernel_equals_the_sort(T, top_k, E, block, dtype):
-    # chunks of 64 pairs (33 x 8 and 200 x 2 take several), experts not a power of two, int32 and int64 ids
+    # one program (8 and 21 pairs) or programs of 256 pairs (264 and 400 pairs: 2; 4,160: 17, more than the place
+    # kernel reads at once), experts not a power of two, int32 and int64 ids
     g = torch.Generator().manual_seed(T)
     ids = torch.randint(0, E, (T, top_k), generator=g).to(dtype).to(DEVICE)  # repeats within a token too
     got, ref = moe_align_block_size(ids, block, E), moe_align_ref(ids, block, E)
@@ -82,7 +84,7 @@ def test_align_kernel_equals_the_sort(T, top_k, E, block, dtype):
 
 @pytest.mark.parametrize("T, top_k, E", [(1, 8, 128), (33, 8, 60), (600, 8, 16)])
 def test_align_adds_each_experts_weighted_pairs_to_the_counts(T, top_k, E):
-    # the kernel (up to 4,096 pairs) and the sort beyond: totals += the pair weights (0 for a graph's padding)
+    # one program (8 pairs) or several (264, 4,800): totals += the pair weights (0 for a graph's padding)
     g = torch.Generator().manual_seed(T)
     ids = torch.randint(0, E, (T, top_k), generator=g).to(DEVICE)
     pair_weights = (torch.rand(T * top_k + 5, generator=g) < 0.8).double().to(DEVICE)
