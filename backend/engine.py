@@ -91,9 +91,10 @@ class EngineArgs:
     cuda_graph_max_tokens: int = 256   # CUDA: steps with prompt chunks of up to this many tokens replay graphs
                                        # too (fp16/full KV), and prompt chunks beside running decodes are cut to
                                        # fit, so no stream waits for an eager step; 0: decode steps only
-    piecewise_graphs: bool = True      # CUDA, ALR-KVD and KIVI: those chunks not cut at their block's end; a step
+    piecewise_graphs: bool = False     # CUDA, ALR-KVD and KIVI: those chunks not cut at their block's end; a step
                                        # with one across a block replays graph pieces, attention eager between
-                                       # (backend/cuda_graphs.py); off: chunks cut, every step one graph
+                                       # (backend/cuda_graphs.py). Off: chunks cut, every step one graph (under
+                                       # Locust, inter-token p99 2.5 against 4.4x its p50: BENCHMARKS.md Decisions)
     seed: int = 0
     expert_budget_bytes: int | None = None  # device bytes for routed experts, streamed from host; None: all resident
     expert_prefetch: int = 1           # MoE layers ahead whose experts are prefetched (pre-gating); 0: on demand only

@@ -95,7 +95,7 @@ def main() -> None:
                         "0: decode steps only)")
     p.add_argument("--piecewise-graphs", action=argparse.BooleanOptionalAction,
                    help="ALR-KVD and KIVI: prompt chunks beside decodes not cut at their block's end; steps with one "
-                        "across a block replay graph pieces, attention eager between them (default: the engine's, on)")
+                        "across a block replay graph pieces, attention eager between them (default: the engine's, off)")
     a = p.parse_args()
     options = {"kv_budget_bytes": int(a.kv_budget_gb * 2**30), "max_model_len": a.max_model_len,
                "max_num_seqs": a.max_num_seqs, "max_num_batched_tokens": 2048, "moe_routing": a.moe_routing}
