@@ -210,8 +210,8 @@ def dummy_engine(name: str, kv_format: str, **args) -> LLMEngine:
     head_dim = shape.get("head_dim") or shape["hidden_size"] // shape["num_attention_heads"]
     kv_format, kv_options = kernel_format(kv_format, head_dim)
     return LLMEngine(EngineArgs(model=folder, load_format="dummy", tokenizer="none", device="cuda",
-                                kv_format=kv_format, kv_options=kv_options, max_num_batched_tokens=8192,
-                                **{**MAX_MODEL_LEN, **ROUTING, **args}))
+                                kv_format=kv_format, kv_options=kv_options,
+                                **{"max_num_batched_tokens": 8192, **MAX_MODEL_LEN, **ROUTING, **args}))
 
 
 def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv_formats=("fp16",),

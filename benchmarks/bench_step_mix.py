@@ -1,0 +1,150 @@
+"""The engine's steps under the GPU load test's mix, without the server: dummy Qwen3-30B-A3B with the served
+config of `loadtest/gpu_serving.sh` (16 GiB of KV, 8,192 positions, 32 sequences, chunks of 2,048, graphs to 256
+tokens), a closed loop of `users` streams alternating at random between the tenants of `loadtest/tenants_gpu.yaml`
+in tokens (chats: 25-50 prompt tokens, 64 out; summaries: 400-650 prompt tokens, 128 out; one to one). Every step is
+synchronised and timed, with its kind: decode only, prompt rows in one graph, a chunk across blocks in graph pieces
+(ALR-KVD and KIVI with `piecewise_graphs`), eager; and with the time of its forward and of the block compression
+(each synchronised). A decode row waits its step's time: their p99 over their p50 is what the load test's
+inter-token ratio comes to without the server. A synthetic step (`bench_engine.py --gpu-mixed`) misses what a mix
+makes: new sequences, several chunks a step, prompts across blocks.
+
+    python benchmarks/bench_step_mix.py --arms fp16,alrkvd-gpu,alrkvd-gpu:pieces --users 8,32 --out mix.json
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from backend.sampling import SamplingParams  # noqa: E402
+from benchmarks.bench_engine import dummy_engine  # noqa: E402
+
+TENANTS = {"chat": ((25, 50), 64), "summarize": ((400, 650), 128)}  # (prompt tokens, max tokens)
+KINDS = ("decode", "graph", "pieces", "eager")
+
+
+def served_engine(arm: str):
+    """`arm`: a KV format (`fp16`, `alrkvd-gpu`, ...), `:pieces` for piecewise graphs."""
+    kv_format, _, mode = arm.partition(":")
+    return dummy_engine("qwen3-30b-a3b", kv_format, kv_budget_bytes=16 << 30, max_model_len=8192, max_num_seqs=32,
+                        max_num_batched_tokens=2048, piecewise_graphs=mode == "pieces")
+
+
+def timed(fn, spent: dict, key: str):
+    """`fn`, synchronised, its milliseconds added to spent[key] and its results kept in spent[key + "_out"]."""
+    def wrapped(*args, **kwargs):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        out = fn(*args, **kwargs)
+        torch.cuda.synchronize()
+        spent[key] += (time.perf_counter() - t) * 1e3
+        spent[key + "_out"].append(out)
+        return out
+    return wrapped
+
+
+def run(engine, users: int, steps: int, warmup: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    names = sorted(TENANTS)
+
+    def submit():
+        (lo, hi), max_tokens = TENANTS[rng.choice(names)]
+        engine.add_request(None, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
+                           prompt_ids=[rng.randint(100, 40000) for _ in range(rng.randint(lo, hi))])
+
+    cache, graphs = engine.cache, engine.graphs
+    compress, replay = cache.compress, graphs.run
+    spent = {}
+    cache.compress, graphs.run = timed(compress, spent, "compress"), timed(replay, spent, "forward")
+    bs = cache.block_size
+    for _ in range(users):
+        submit()
+    rows = []
+    try:
+        for i in range(warmup + steps):
+            spent.update(compress=0.0, forward=0.0, compress_out=[], forward_out=[])
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            outputs = engine.step()
+            torch.cuda.synchronize()
+            ms = (time.perf_counter() - t) * 1e3
+            for out in outputs:
+                if out.finished:
+                    submit()
+            chunks = [(seq.kv.num_tokens - n, n) for seq, n in engine.plan if n > 1]  # (first position, tokens)
+            replayed = bool(spent["forward_out"]) and spent["forward_out"][0] is not None  # None: the step ran eagerly
+            if not chunks:
+                kind = "decode"
+            elif not replayed:
+                kind = "eager"
+            elif cache.windowed and graphs.piecewise and any(p % bs + n > bs for p, n in chunks):
+                kind = "pieces"
+            else:
+                kind = "graph"
+            if i >= warmup:
+                rows.append({"kind": kind, "ms": ms, "forward_ms": spent["forward"], "compress_ms": spent["compress"],
+                             "decodes": sum(n == 1 for _, n in engine.plan), "prompt_tokens": sum(n for _, n in chunks),
+                             "prompt_chunks": len(chunks)})
+    finally:
+        cache.compress, graphs.run = compress, replay
+        for rid in list(engine.requests):
+            engine.abort(rid)
+    return rows
+
+
+def summarize(rows: list[dict]) -> dict:
+    out = {}
+    for kind in KINDS:
+        rs = [r for r in rows if r["kind"] == kind]
+        if rs:
+            out[kind] = {"steps": len(rs), "ms_p50": statistics.median(r["ms"] for r in rs),
+                         "ms_max": max(r["ms"] for r in rs),
+                         **{f"{k}_p50": statistics.median(r[k] for r in rs)
+                            for k in ("forward_ms", "compress_ms", "prompt_tokens", "prompt_chunks")}}
+    waits = sorted(r["ms"] for r in rows for _ in range(r["decodes"]))  # each decode row waits its step
+    out["decode_wait_p50"], out["decode_wait_p99"] = waits[len(waits) // 2], waits[int(len(waits) * 0.99)]
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--arms", default="fp16,alrkvd-gpu,alrkvd-gpu:pieces")
+    p.add_argument("--users", default="8,32")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--warmup", type=int, default=40)
+    p.add_argument("--out", type=Path)
+    a = p.parse_args()
+    result = {"device": torch.cuda.get_device_name(), "runs": []}
+    for arm in a.arms.split(","):
+        engine = served_engine(arm)
+        engine.graphs.capture_all()
+        for users in (int(u) for u in a.users.split(",")):
+            rows = run(engine, users, a.steps, a.warmup)
+            s = summarize(rows)
+            result["runs"].append({"arm": arm, "users": users, "summary": s, "steps": rows})
+            kinds = "; ".join(f"{k} {d['steps']}x {d['ms_p50']:.1f} ms (max {d['ms_max']:.1f}, forward "
+                              f"{d['forward_ms_p50']:.1f}, compression {d['compress_ms_p50']:.1f}, "
+                              f"{d['prompt_tokens_p50']:.0f} tokens in {d['prompt_chunks_p50']:.0f})"
+                              for k, d in s.items() if isinstance(d, dict))
+            print(f"{arm:18} users {users:2}: decode rows wait p50 {s['decode_wait_p50']:.1f} p99 "
+                  f"{s['decode_wait_p99']:.1f} ms ({s['decode_wait_p99'] / s['decode_wait_p50']:.2f}x) | {kinds}",
+                  flush=True)
+        del engine
+        gc.collect()
+        torch.cuda.empty_cache()
+        if a.out:
+            a.out.write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
