@@ -320,7 +320,8 @@ def _window_partial(
     BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, WINDOW_N: tl.constexpr,
 ):
     """Attention of the group's queries over the window's tokens, positions n_closed * BLOCK_SIZE .. seq_len - 1
-    (1 .. BLOCK_SIZE of them, in the sequence's window slot, [BLOCK_SIZE, H, D], model dtype); stores the partial.
+    (1 .. BLOCK_SIZE of them, in the sequence's window slot, [BLOCK_SIZE, H, D], model dtype; more, in the slots
+    after it, where the caller gives the closed blocks); stores the partial.
     The keys are rotated here, tile by tile; the dots keep the group on the 16-row side (tl.dot pads BLOCK_G rows
     itself)."""
     HALF: tl.constexpr = HEAD_DIM // 2
@@ -654,8 +655,8 @@ def _blocks_partial(
 # multiple-of-16 compiled the kernel again, seconds each)
 @triton.jit(do_not_specialize=["num_splits", "stride_btb", "stride_mlb", "stride_mlh"])
 def _alrkvd_decode_stage1(
-    # Pointers: query, paging, window
-    Q, Block_tables, Seq_lens, Window_slots, Window_k, Window_v,
+    # Pointers: query, paging, window (Closed: each row's closed blocks, read with HAS_CLOSED)
+    Q, Block_tables, Seq_lens, Closed, Window_slots, Window_k, Window_v,
     Cos, Sin,  # RoPE tables [max_pos, D] (HF layout: the first half of a row is cos/sin(pos * theta))
     # Pointers: compressed blocks
     Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero,
@@ -690,6 +691,7 @@ def _alrkvd_decode_stage1(
     BLOCK_S: tl.constexpr,  # >= 2 * NUM_KV_HEADS, a power of two
     K_BITS: tl.constexpr, V_BITS: tl.constexpr,
     ROTATED_KEYS: tl.constexpr,  # key_frame=rotated: low-rank key scores are (q B^T) . latents, no RoPE per token
+    HAS_CLOSED: tl.constexpr,  # each row's closed blocks given (its window may span consecutive slots)
     MIN_TILES: tl.constexpr,  # the fewest tiles a split takes (MIN_TOKENS_PER_SPLIT / BLOCK_N)
     ASM: tl.constexpr,  # residual codes unpacked by inline PTX (compiled only; the interpreter takes the plain path)
 ):
@@ -705,7 +707,10 @@ def _alrkvd_decode_stage1(
     pid_s = tl.program_id(2)
 
     seq_len = tl.load(Seq_lens + pid_b)
-    n_closed = tl.maximum(seq_len - 1, 0) // BLOCK_SIZE  # the window holds the last 1..BLOCK_SIZE tokens
+    if HAS_CLOSED:
+        n_closed = tl.load(Closed + pid_b)
+    else:
+        n_closed = tl.maximum(seq_len - 1, 0) // BLOCK_SIZE  # the window holds the last 1..BLOCK_SIZE tokens
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_h = tl.arange(0, HEAD_DIM // 2)
@@ -779,7 +784,8 @@ def launch_config(cfg: dict, many_pairs: bool, rank_max: int, rotated_keys: bool
 
 
 def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_lens, window_slots,
-                   cos, sin, scale, mid_o, mid_lse, out, tickets, cfg: dict, min_tokens: int, warmup: bool = False):
+                   cos, sin, scale, closed, mid_o, mid_lse, out, tickets, cfg: dict, min_tokens: int,
+                   warmup: bool = False):
     """Launches stage 1 (or, with `warmup`, only compiles it); returns the compiled kernel."""
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads, block_size = cache.num_kv_heads, cache.block_size
@@ -792,7 +798,7 @@ def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_
     grid = (batch, num_kv_heads, num_partials)
     launch = functools.partial(_alrkvd_decode_stage1.warmup, grid=grid) if warmup else _alrkvd_decode_stage1[grid]
     return launch(
-        q, block_tables, seq_lens, window_slots, window_k, window_v, cos, sin,
+        q, block_tables, seq_lens, seq_lens if closed is None else closed, window_slots, window_k, window_v, cos, sin,
         cache.ranks, cache.basis, cache.basis_scale, cache.latent, cache.latent_scale, cache.latent_zero,
         cache.k_resid, cache.k_rscale, cache.k_rzero, cache.v_resid, cache.v_rscale, cache.v_rzero,
         mid_o, mid_lse, out, tickets,
@@ -818,7 +824,7 @@ def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_
         BLOCK_SIZE=block_size, BLOCK_N=block_n, WINDOW_N=window_n,
         BLOCK_R=max(16, triton.next_power_of_2(cache.rank_max)),
         BLOCK_S=triton.next_power_of_2(2 * num_kv_heads),
-        K_BITS=cache.k_bits, V_BITS=cache.v_bits, ROTATED_KEYS=cache.rotated_keys,
+        K_BITS=cache.k_bits, V_BITS=cache.v_bits, ROTATED_KEYS=cache.rotated_keys, HAS_CLOSED=closed is not None,
         MIN_TILES=max(1, min_tokens // block_n), ASM=q.is_cuda, **cfg,
     )
 
@@ -849,6 +855,7 @@ def alrkvd_decode_attention(
     scale: float,
     num_splits: int | None = None,
     tickets: torch.Tensor | None = None,
+    closed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention of `q [B, Hq, D]` (rotated) over an ALR-KVD layer; returns `[B, Hq, D]`.
 
@@ -859,7 +866,10 @@ def alrkvd_decode_attention(
     the new one included. window_slots `[B]` int32: each sequence's window slot. cos/sin: RoPE tables
     `[max_pos, D]` fp32 (backend.model.Rotary.cos/.sin), max_pos >= every seq_len. num_splits: programs per (sequence, kv head) over the
     closed blocks (one more takes the window); default from the shapes. tickets: int32 zeros of at least
-    B x Hkv entries, 0 again after the call (`decode_tickets`); None allocates them. No host sync.
+    B x Hkv entries, 0 again after the call (`decode_tickets`); None allocates them. closed `[B]` int32, at most
+    (seq_len - 1) // block_size: each row's closed blocks instead, its window the other tokens from its slot on,
+    through the slots after it (a prompt chunk across blocks: the blocks it filled are not compressed yet). No
+    host sync.
     """
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads, block_size = cache.num_kv_heads, cache.block_size
@@ -869,11 +879,14 @@ def alrkvd_decode_attention(
     assert window_slots.dtype == torch.int32 and window_slots.shape == (batch,)
     assert cos.dtype == sin.dtype == torch.float32 and cos.shape == sin.shape and cos.shape[1] == head_dim
     assert cos.stride() == sin.stride() and cos.stride(1) == 1 and cos.shape[0] >= block_size
+    if closed is not None:  # windows across slots: one slot's tokens run on into the next's
+        assert closed.dtype == torch.int32 and closed.shape == (batch,)
+        assert window_k.is_contiguous() and window_v.is_contiguous()
     cfg = _stage1_config(q, cache, block_tables)
     min_tokens = cfg.pop("MIN_TOKENS_PER_SPLIT", MIN_TOKENS_PER_SPLIT)
     window_tiles = cfg.pop("WINDOW_TILES", 0.0)
     tickets = decode_tickets(tickets, batch * num_kv_heads, q.device)
-    inputs = (q, cache, window_k, window_v, block_tables, seq_lens, window_slots, cos, sin, scale)
+    inputs = (q, cache, window_k, window_v, block_tables, seq_lens, window_slots, cos, sin, scale, closed)
 
     def partials(n):
         return (torch.empty(batch, num_q_heads, n, head_dim, dtype=torch.float32, device=q.device),
@@ -882,7 +895,7 @@ def alrkvd_decode_attention(
 
     if num_splits is None:  # whole waves of the programs the GPU runs at once
         key = ("alrkvd", q.device, q.dtype, q.shape[1:], cache.block_size, num_kv_heads, cache.k_bits, cache.v_bits,
-               cache.rank_max, cache.rotated_keys, tuple(sorted(cfg.items())))
+               cache.rank_max, cache.rotated_keys, closed is not None, tuple(sorted(cfg.items())))
         num_splits = windowed_num_splits(
             lambda: _alrkvd_stage1(*inputs, *partials(3), tickets, dict(cfg), min_tokens, warmup=True), key,
             batch, num_kv_heads, block_tables.shape[1], block_size, min(cfg["BLOCK_N"], block_size), min_tokens,
@@ -1072,6 +1085,7 @@ def alrkvd_decode_attention_ref(
     scale: float,
     num_splits: int | None = None,
     kv_dtype: torch.dtype | None = None,
+    closed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The contract of `alrkvd_decode_attention` in fp32 PyTorch (decode blocks and window, attend).
     `num_splits` is ignored; `kv_dtype` rounds the rebuilt, rotated keys and the values to that dtype
@@ -1079,12 +1093,12 @@ def alrkvd_decode_attention_ref(
     out = torch.empty_like(q)
     T = cache.block_size
     for b, seq_len in enumerate(seq_lens.tolist()):
-        n_closed = max(seq_len - 1, 0) // T
+        n_closed = max(seq_len - 1, 0) // T if closed is None else int(closed[b])
         k, v = alrkvd_decode_blocks_ref(cache, block_tables[b, :n_closed], cos, sin)
-        slot = int(window_slots[b])
-        k = torch.cat([k, rope_ref(window_k[slot, : seq_len - n_closed * T], cos[n_closed * T:seq_len],
-                                   sin[n_closed * T:seq_len])])
-        v = torch.cat([v, window_v[slot, : seq_len - n_closed * T].float()])
+        first = int(window_slots[b]) * T  # the window's tokens, from its slot on
+        wk, wv = (w.flatten(0, 1)[first:first + seq_len - n_closed * T] for w in (window_k, window_v))
+        k = torch.cat([k, rope_ref(wk, cos[n_closed * T:seq_len], sin[n_closed * T:seq_len])])
+        v = torch.cat([v, wv.float()])
         if kv_dtype is not None:
             k, v = k.to(kv_dtype), v.to(kv_dtype)
         out[b] = attend_ref(q[b], k, v, scale).to(q.dtype)

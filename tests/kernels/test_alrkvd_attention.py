@@ -145,6 +145,31 @@ def test_window_in_several_tiles(monkeypatch):
     _check(q, case, num_splits=2)
 
 
+def test_a_window_across_slots_after_the_rows_closed_blocks():
+    # a prompt chunk across blocks in one step: its rows read the blocks closed before it, compressed, and the
+    # blocks it filled itself from the window, which runs on through the slots after the row's own. Sequence 1 (81
+    # tokens, 2 blocks of 32 and 17) reads its first block compressed and 49 tokens from two consecutive slots;
+    # a kernel that took the closed blocks from the length would read its second block compressed
+    gen = torch.Generator().manual_seed(17)
+    H, G, D, T = 2, 3, 64, 32
+    kv = lambda n, **kw: random_kv((n, H, D), torch.float16, gen, **kw)  # noqa: E731
+    k_blocks = [[], [kv(T), kv(T)], [kv(T) for _ in range(3)]]
+    v_blocks = [[kv(T, channel_outliers=0) for _ in ks] for ks in k_blocks]
+    windows = [(kv(5), kv(5, channel_outliers=0)), (kv(17), kv(17, channel_outliers=0)), (kv(0), kv(0))]
+    case = build_alrkvd_case(k_blocks, v_blocks, [w[0] for w in windows], [w[1] for w in windows], gen,
+                             block_size=T, num_slots=4)
+    for name, block, window in (("window_k", k_blocks[1][1], windows[1][0]), ("window_v", v_blocks[1][1],
+                                                                               windows[1][1])):
+        grown = torch.cat([case[name], torch.zeros(2, T, H, D, dtype=torch.float16)])
+        grown[4], grown[5, :17] = block, window
+        case[name] = grown
+    case["window_slots"] = case["window_slots"].clone()
+    case["window_slots"][1] = 4
+    case["closed"] = torch.tensor([0, 1, 2], dtype=torch.int32)
+    q = random_kv((3, H * G, D), torch.float16, gen)
+    _check(q, case, num_splits=2)
+
+
 @pytest.mark.parametrize("options", [
     {"k_bits": 4, "v_bits": 2},
     {"k_bits": 8, "v_bits": 4},
