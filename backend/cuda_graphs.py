@@ -13,8 +13,9 @@ Three kinds of step replay graphs:
   (kernels/paged_attention.py `paged_tiles_attention`), which takes the prompt chunks' causal rows and the
   decodes in one launch;
   windowed formats (ALR-KVD, KIVI) read every row as a decode of its own length, with chunks that end at
-  their block's end (`PagedKVCache.mixed_rows_supported`, `mixed_chunk_limit`). The scheduler cuts prompt
-  chunks beside decodes to fit;
+  their block's end (`PagedKVCache.mixed_rows_supported`, `mixed_chunk_limit`), or for ALR-KVD cross blocks in a
+  run of window slots (`PagedKVCache.take_run`: the rows read the blocks closed before the chunk, then the run).
+  The scheduler cuts prompt chunks beside decodes to fit;
 - with `piecewise` (EngineArgs.piecewise_graphs), windowed formats' chunks beside decodes are not cut, and
   steps whose prompt chunks cross a block's end, up to `max_tokens` tokens, replay piecewise, as
   vLLM captures: a graph of everything between two layers' attention (49 for 48 layers, per size bucket),
@@ -68,6 +69,8 @@ class StepGraphs:
         # ("pieces", T) -> ([graph per stretch between attentions], hidden)
         self.pool = None  # one memory pool shared by every graph (they never run at once)
         self.piecewise = piecewise and bool(self.max_tokens) and cache.windowed
+        if not self.piecewise and self.max_tokens:  # windowed formats: chunks across blocks in runs of window slots
+            cache.add_window_runs(self.max_tokens)
         # the blocks a step fills, compressed at commit: two graphs around the host's wait (ALR-KVD)
         kernel = cache.use_triton and cache.compress_blocks is not None
         self.compression = CompressGraphs(cache, capture) if kernel else None

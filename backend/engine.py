@@ -93,8 +93,10 @@ class EngineArgs:
                                        # fit, so no stream waits for an eager step; 0: decode steps only
     piecewise_graphs: bool = False     # CUDA, ALR-KVD and KIVI: those chunks not cut at their block's end; a step
                                        # with one across a block replays graph pieces, attention eager between
-                                       # (backend/cuda_graphs.py). Off: chunks cut, every step one graph (under
-                                       # Locust, inter-token p99 2.5 against 4.4x its p50: BENCHMARKS.md Decisions)
+                                       # (backend/cuda_graphs.py). Off: every step one graph, chunks cut at their
+                                       # block's end or (ALR-KVD, two a step) across blocks in runs of window slots
+                                       # (under Locust, inter-token p99 2.5 against 4.4x its p50 in pieces, block-cut;
+                                       # BENCHMARKS.md Decisions)
     seed: int = 0
     expert_budget_bytes: int | None = None  # device bytes for routed experts, streamed from host; None: all resident
     expert_prefetch: int = 1           # MoE layers ahead whose experts are prefetched (pre-gating); 0: on demand only
@@ -314,6 +316,7 @@ class LLMEngine:
         prompts go first."""
         self.running = self._order(self.running)
         scheduled: list[tuple[Sequence, int]] = []
+        self.cache.release_runs()
         for seq in [s for s in self.running if s.num_pending == 1]:
             if seq not in self.running:  # preempted below to make room for an earlier one
                 continue
@@ -359,6 +362,8 @@ class LLMEngine:
                 self.waiting.remove(seq)
                 self.running.append(seq)
             self.cache.allocate(seq.kv, n)
+            if in_graph and not self.graphs.piecewise:
+                self.cache.take_run(seq.kv, n)  # (a chunk across its block's end: a run of window slots)
             scheduled.append((seq, n))
             budget -= n
         return scheduled

@@ -9,6 +9,7 @@ of a page-addressed format writes every sequence's token at once and attends in 
 """
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
 from dataclasses import dataclass, field
@@ -146,6 +147,10 @@ class PagedKVCache:
         self.allocator = BlockAllocator(num_blocks - 1)
         self.free_slots = list(range(num_slots - 2, -1, -1))
         self.scratch_block, self.scratch_slot = num_blocks - 1, max(num_slots - 1, 0)
+        self.num_sequence_slots = num_slots  # the sequences' window slots and the scratch; runs after them
+        self.window_runs: list[int] = []     # first slots of the runs (`add_window_runs`)
+        self.run_blocks = 1                  # slots per run
+        self._runs: dict[int, int] = {}      # id(SeqKV) -> the first slot of the run its chunk takes this step
         self.kv_format = kv_format
         # Fused decode attention on CUDA (kernels/): the format's kernels; the PyTorch path everywhere else and for
         # prefill. The views of its storage that they read are made on every device (a test swaps in the references).
@@ -221,6 +226,41 @@ class PagedKVCache:
             self._compressing = torch.cuda.Event()
             self._compressing.record()
 
+    # ---- window runs: a prompt chunk across blocks in one graph step ----------------------------------------
+    def add_window_runs(self, rows: int, runs: int = 2):
+        """Room for `runs` prompt chunks of up to `rows` rows across blocks in a step that reads every row as a
+        decode (CUDA graphs with decodes beside): each a run of consecutive window slots, one per block the chunk
+        touches, which the decode kernel reads as one window after the row's closed blocks (its `closed`). For
+        windowed formats whose decode kernel takes `closed` (ALR-KVD). The slots come on top of the budget (two runs
+        of five slots: 31 MB for Qwen3-30B-A3B's 48 layers) and count in `allocated_bytes`."""
+        blocks = -(-(rows - 1) // self.block_size) + 1
+        if (not self.windowed or self.decode_kernel is None or blocks <= 1 or len(self.window_runs) >= runs
+                or "closed" not in inspect.signature(self.decode_kernel).parameters):
+            return
+        assert not self.window_runs and self.window_k.shape[1] == self.num_sequence_slots
+        extra = torch.zeros((self.cfg.num_layers, runs * blocks, *self.window_k.shape[2:]), dtype=self.window_k.dtype,
+                            device=self.window_k.device)
+        self.window_k, self.window_v = (torch.cat([w, extra], dim=1) for w in (self.window_k, self.window_v))
+        self.window_runs = [self.num_sequence_slots + i * blocks for i in range(runs)]
+        self.run_blocks = blocks
+
+    def release_runs(self):
+        """Before a step is planned: no chunk holds a run."""
+        self._runs.clear()
+
+    def take_run(self, seq: SeqKV, num_new: int):
+        """A chunk of `num_new` tokens across its block's end (`mixed_chunk_limit` allowed it): its rows go to a
+        free run, which first gets the window's tokens of the sequence."""
+        off = seq.num_tokens % self.block_size
+        if not self.window_runs or num_new <= self.block_size - off:
+            return
+        first = next(r for r in self.window_runs if r not in self._runs.values())
+        self._runs[id(seq)] = first
+        if off:
+            self.wait_compressed()
+            self.window_k[:, first, :off] = self.window_k[:, seq.window_slot, :off]
+            self.window_v[:, first, :off] = self.window_v[:, seq.window_slot, :off]
+
     def wait_compressed(self):
         """Before a window or a block is read or written: the side stream's compression is done."""
         if self._compressing is not None:
@@ -261,12 +301,16 @@ class PagedKVCache:
         for part in parts:
             if part.decode_meta is None or not self.windowed:
                 continue
-            for i, pos in part.decode_meta["closing"]:
+            for i, pos, slot in part.decode_meta["closing"]:
                 seq = part.seqs[i]
                 start = pos + 1 - self.block_size
                 block = seq.block_table[start // self.block_size]
-                self._filled += [(layer, block, start, self.window_k[layer, seq.window_slot],
-                                  self.window_v[layer, seq.window_slot]) for layer in range(self.cfg.num_layers)]
+                self._filled += [(layer, block, start, self.window_k[layer, slot], self.window_v[layer, slot])
+                                 for layer in range(self.cfg.num_layers)]
+            for i, slot, tail in part.decode_meta.get("run_tails", []):  # (read, not compressed: no wait)
+                home = part.seqs[i].window_slot
+                self.window_k[:, home, :tail] = self.window_k[:, slot, :tail]
+                self.window_v[:, home, :tail] = self.window_v[:, slot, :tail]
         for seq, n in zip(batch.seqs, batch.query_lens):
             seq.num_tokens += n
         self._compress_filled()
@@ -451,8 +495,13 @@ class PagedKVCache:
 
     def mixed_chunk_limit(self, seq: SeqKV) -> int:
         """The most prompt tokens of `seq` such a step takes: a windowed format holds a sequence's newest block
-        in its window slot, so the chunk ends where that block does (it closes at commit)."""
-        return self.block_size - seq.num_tokens % self.block_size if self.windowed else 1 << 30
+        in its window slot, so the chunk ends where that block does (it closes at commit), or where the run of
+        slots it holds or can take does (`take_run`)."""
+        if not self.windowed:
+            return 1 << 30
+        free = len(self._runs) < len(self.window_runs)
+        blocks = self.run_blocks if id(seq) in self._runs or free else 1
+        return blocks * self.block_size - seq.num_tokens % self.block_size
 
     def new_prompt_chunks(self, tokens: int) -> list[int]:
         """How such a step takes `tokens` prompt tokens of sequences that start at a block's start: one chunk,
@@ -487,10 +536,22 @@ class PagedKVCache:
                               + [[pad_block] * width], dtype=torch.int32)[seq_of_row]
         if pad_rows:  # every padding row writes and reads the scratch block's first token
             pos[-pad_rows:] = 0
-        slots = torch.tensor([s.window_slot or 0 for s in batch.seqs] + [pad_slot], dtype=torch.int32)
-        host = {"block_ids": tables[torch.arange(len(pos)), pos // bs].long(), "offsets": pos % bs,
+        # a row's window: its sequence's slot, or the first slot of the run its chunk took (`take_run`), whose
+        # slots hold the chunk's blocks in turn after the blocks closed before it (`closed`)
+        runs = [self._runs.get(id(s)) for s in batch.seqs]
+        slots = torch.tensor([(s.window_slot or 0) if r is None else r for s, r in zip(batch.seqs, runs)] + [pad_slot],
+                             dtype=torch.int32)
+        closed = pos // bs
+        host = {"block_ids": tables[torch.arange(len(pos)), closed].long(), "offsets": pos % bs,
                 "tables": tables, "seq_lens": (pos + 1).to(torch.int32), "window_slots": slots[seq_of_row]}
         host["window_rows"] = host["window_slots"].long()
+        if any(r is not None for r in runs):
+            in_run = torch.tensor([r is not None for r in runs] + [False])[seq_of_row]
+            chunk_first = torch.tensor(first)[seq_of_row] // bs
+            host["window_rows"] += torch.where(in_run, closed - chunk_first, 0)
+            closed = torch.where(in_run, chunk_first, closed)
+        if any(n > 1 for n in batch.query_lens) and self.window_runs:  # the kernel takes each row's closed blocks
+            host["closed"] = closed.to(torch.int32)
         if num_tiles:
             from kernels.paged_attention import query_tiles
             starts, counts = query_tiles(query_lens, self.cfg.num_heads // self.cfg.num_kv_heads)
@@ -505,9 +566,15 @@ class PagedKVCache:
             for k, v in host.items():
                 (meta[k][:, :width] if k == "tables" else meta[k]).copy_(v, non_blocking=True)
         meta["window_index"] = (meta["window_rows"], meta["offsets"])
-        real_rows = len(pos) - pad_rows  # (sequence, position) of the rows whose token fills a block
-        meta["closing"] = [(s, p) for s, p in zip(seq_of_row[:real_rows].tolist(), pos[:real_rows].tolist())
-                           if (p + 1) % bs == 0]
+        real_rows = len(pos) - pad_rows  # (sequence, position, window slot) of the rows whose token fills a block
+        rows_of = zip(seq_of_row[:real_rows].tolist(), pos[:real_rows].tolist(),
+                      host["window_rows"][:real_rows].tolist())
+        meta["closing"] = [(s, p, slot) for s, p, slot in rows_of if (p + 1) % bs == 0]
+        # a run's last block, unless full: back to its sequence's slot after the step
+        ends = itertools.accumulate(batch.query_lens)
+        meta["run_tails"] = [(i, int(host["window_rows"][end - 1]), (first[i] + n) % bs)
+                             for i, (n, end, run) in enumerate(zip(batch.query_lens, ends, runs))
+                             if run is not None and (first[i] + n) % bs]
         if self.decode_kernel is None and not self.windowed:  # the PyTorch path pads every sequence to the longest
             meta["mask"] = (torch.arange(width * bs) <= pos[:, None]).view(len(pos), 1, 1, -1).to(dev)
         elif self.decode_kernel is None:
@@ -566,7 +633,8 @@ class PagedKVCache:
         return {"block_ids": z(max_rows), "offsets": z(max_rows),
                 "tables": z(max_rows, -(-max_len // self.block_size), dtype=torch.int32),
                 "seq_lens": z(max_rows, dtype=torch.int32), "window_slots": z(max_rows, dtype=torch.int32),
-                "window_rows": z(max_rows), "tile_starts": z(max_tiles, dtype=torch.int32),
+                "window_rows": z(max_rows), "closed": z(max_rows, dtype=torch.int32),
+                "tile_starts": z(max_tiles, dtype=torch.int32),
                 "tile_counts": z(max_tiles, dtype=torch.int32)}
 
     def _attend_decode(self, layer, q, k_store, k_rot, v, batch: AttentionBatch) -> torch.Tensor:
@@ -582,8 +650,9 @@ class PagedKVCache:
             if self.decode_kernel is None:
                 return self._attend_windows(layer, q, meta)
             rope = (self.rotary.cos, self.rotary.sin) if self.rope_on_read else ()  # keys kept before RoPE
+            runs = {"closed": meta["closed"]} if "closed" in meta else {}  # (steps with prompt rows)
             return self.decode_kernel(q, self.kernel_layers[layer], self.window_k[layer], self.window_v[layer],
-                                      meta["tables"], meta["seq_lens"], meta["window_slots"], *rope, scale)
+                                      meta["tables"], meta["seq_lens"], meta["window_slots"], *rope, scale, **runs)
         if self.use_triton and self.kernels is not None and self.kernels.stores_as_is:  # kept as they come
             self.store_kv(k_rot, v, *self.kernel_layers[layer], meta["block_ids"], meta["offsets"])
         else:
@@ -610,7 +679,7 @@ class PagedKVCache:
 
     def used_bytes(self) -> int:
         used_blocks = self.allocator.num_blocks - self.allocator.num_free
-        used_slots = (self.window_k.shape[1] - 1 - len(self.free_slots)) if self.windowed else 0
+        used_slots = (self.num_sequence_slots - 1 - len(self.free_slots)) if self.windowed else 0
         return used_blocks * self.block_bytes + used_slots * self.slot_bytes
 
     def baseline_bytes_per_token(self) -> int:

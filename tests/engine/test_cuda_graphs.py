@@ -157,9 +157,11 @@ def generate_with_arrivals(engine, prompts, max_tokens: int, arrivals) -> tuple[
 def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format, piecewise):
     """Windowed formats (a sequence's newest block in a window slot), prompt chunks beside decodes: a step whose
     chunks end within their blocks replays the mixed graph (every row read by the decode kernel as a decode of its
-    own length). Without `piecewise` the scheduler cuts every chunk so; with it, a step with a chunk across a block
-    replays graph pieces with each layer's attention run eagerly between them (the history rebuilt, the decodes
-    beside through the decode kernel). The blocks they fill are compressed at commit. The reference, with the same
+    own length). Without `piecewise`, ALR-KVD's chunks may cross blocks in that graph too, each in a run of window
+    slots read after the row's closed blocks (`PagedKVCache.take_run`), and KIVI's are cut at their block's end;
+    with it, a step with a chunk across a block replays graph pieces with each layer's attention run eagerly between
+    them (the history rebuilt, the decodes beside through the decode kernel). The blocks they fill are compressed at
+    commit. The reference, with the same
     plan: on CPU every step eager (the kernels' fp32 references stand in for the kernels); on CUDA the same rows
     through the runner uncaptured, since the compiled kernels round keys and values to fp16 for their dots where
     the PyTorch path keeps fp32 (tests/kernels bounds that error), which over many greedy steps can part the
@@ -188,7 +190,8 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format, piecewi
     assert torch.equal(engine.routing_counts(), eager_counts)
     mixed = [p for p in plans if min(n for _, n in p) == 1 and max(n for _, n in p) > 1]  # chunks beside decodes
     within = [all(start % bs + n <= bs for start, n in p) for p in mixed]  # the mixed graph's steps
-    assert any(within) and all(within) != piecewise  # and piecewise ones
+    across = piecewise or kv_format == "alrkvd"  # and ones with a chunk across blocks (pieces, or a run)
+    assert any(within) and all(within) != across
     assert any((start + n) % bs == 0 for p in mixed for start, n in p)  # and rows that close their block
     cache = engine.cache
     assert cache.allocator.num_free == cache.allocator.num_blocks and len(cache.free_slots) == engine.args.max_num_seqs
