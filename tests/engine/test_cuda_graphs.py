@@ -197,6 +197,23 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format, piecewi
     assert cache.allocator.num_free == cache.allocator.num_blocks and len(cache.free_slots) == engine.args.max_num_seqs
 
 
+@pytest.mark.parametrize("kv_format, runs", [("alrkvd", True), ("kivi4", False)])
+def test_runs_of_window_slots_are_counted_in_the_allocated_bytes_and_used_by_no_sequence(tmp_path, kv_format, runs):
+    """Graphs that read every row as a decode give ALR-KVD two runs of window slots for chunks across blocks (its
+    decode kernel takes `closed`; KIVI's does not): as many slots as a graph step's chunk can touch, in the allocated
+    bytes (beside the budget's), never in the used bytes or the sequences' free slots."""
+    engine = engine_for(tmp_path, QWEN3_MOE, kv_format)
+    cache = engine.cache
+    bs, allocated, free = cache.block_size, cache.allocated_bytes(), list(cache.free_slots)
+    StepGraphs(engine.model, cache, 4, engine.max_model_len, max_tokens=2 * bs, capture=False)
+    slot = cache.window_k[:, 0].numel() * cache.window_k.element_size() * 2  # keys and values, every layer
+    assert len(cache.window_runs) == (2 if runs else 0) and cache.run_blocks == (3 if runs else 1)  # 2 * bs - 1 rows
+    assert cache.allocated_bytes() - allocated == (2 * 3 * slot if runs else 0)
+    assert cache.free_slots == free and cache.used_bytes() == 0
+    StepGraphs(engine.model, cache, 4, engine.max_model_len, max_tokens=2 * bs, capture=False)  # (graphs again)
+    assert cache.allocated_bytes() - allocated == (2 * 3 * slot if runs else 0)
+
+
 def test_warm_up_runs_chunks_across_blocks_and_over_a_history_and_leaves_nothing_behind(tmp_path):
     """`LLMEngine.warm_up` (the server's, on CUDA, after the captures) runs what a first request would compile: a
     prompt chunk across blocks beside a decode (graph pieces) and one over a cached history. After it the engine is
