@@ -5,8 +5,9 @@ in tokens (chats: 25-50 prompt tokens, 64 out; summaries: 400-650 prompt tokens,
 synchronised and timed, with its kind: decode only, prompt rows in one graph, a chunk across blocks in graph pieces
 (ALR-KVD and KIVI with `piecewise_graphs`), eager; and with the time of its forward and of the block compression
 (each synchronised). A decode row waits its step's time: their p99 over their p50 is what the load test's
-inter-token ratio comes to without the server. A synthetic step (`bench_engine.py --gpu-mixed`) misses what a mix
-makes: new sequences, several chunks a step, prompts across blocks.
+inter-token ratio comes to without the server; and each tenant's time to first token, from its arrival. A synthetic
+step (`bench_engine.py --gpu-mixed`) misses what a mix makes: new sequences, several chunks a step, prompts across
+blocks.
 
     python benchmarks/bench_step_mix.py --arms fp16,alrkvd-gpu,alrkvd-gpu:pieces --users 8,32 --out mix.json
 """
@@ -52,14 +53,21 @@ def timed(fn, spent: dict, key: str):
     return wrapped
 
 
-def run(engine, users: int, steps: int, warmup: int, seed: int = 0) -> list[dict]:
+def run(engine, users: int, steps: int, warmup: int, seed: int = 0) -> tuple[list[dict], list[tuple[str, float]]]:
+    """Every step after `warmup` (a row each), and (tenant, ms from its arrival to its first token) of the requests
+    that arrived after it."""
     rng = random.Random(seed)
     names = sorted(TENANTS)
+    arrived: dict[str, tuple[str, float]] = {}  # request id -> (tenant, arrival), until its first token
+    first_tokens: list[tuple[str, float]] = []
 
-    def submit():
-        (lo, hi), max_tokens = TENANTS[rng.choice(names)]
-        engine.add_request(None, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
-                           prompt_ids=[rng.randint(100, 40000) for _ in range(rng.randint(lo, hi))])
+    def submit(measured: bool):
+        tenant = rng.choice(names)
+        (lo, hi), max_tokens = TENANTS[tenant]
+        rid = engine.add_request(None, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
+                                 prompt_ids=[rng.randint(100, 40000) for _ in range(rng.randint(lo, hi))])
+        if measured:
+            arrived[rid] = (tenant, time.perf_counter())
 
     cache, graphs = engine.cache, engine.graphs
     compress, replay = cache.compress, graphs.run
@@ -67,7 +75,7 @@ def run(engine, users: int, steps: int, warmup: int, seed: int = 0) -> list[dict
     cache.compress, graphs.run = timed(compress, spent, "compress"), timed(replay, spent, "forward")
     bs = cache.block_size
     for _ in range(users):
-        submit()
+        submit(False)
     rows = []
     try:
         for i in range(warmup + steps):
@@ -76,10 +84,14 @@ def run(engine, users: int, steps: int, warmup: int, seed: int = 0) -> list[dict
             t = time.perf_counter()
             outputs = engine.step()
             torch.cuda.synchronize()
-            ms = (time.perf_counter() - t) * 1e3
+            end = time.perf_counter()
+            ms = (end - t) * 1e3
             for out in outputs:
+                if out.request_id in arrived:
+                    tenant, at = arrived.pop(out.request_id)
+                    first_tokens.append((tenant, (end - at) * 1e3))
                 if out.finished:
-                    submit()
+                    submit(i >= warmup)
             chunks = [(seq.kv.num_tokens - n, n) for seq, n in engine.plan if n > 1]  # (first position, tokens)
             replayed = bool(spent["forward_out"]) and spent["forward_out"][0] is not None  # None: the step ran eagerly
             if not chunks:
@@ -98,10 +110,10 @@ def run(engine, users: int, steps: int, warmup: int, seed: int = 0) -> list[dict
         cache.compress, graphs.run = compress, replay
         for rid in list(engine.requests):
             engine.abort(rid)
-    return rows
+    return rows, first_tokens
 
 
-def summarize(rows: list[dict]) -> dict:
+def summarize(rows: list[dict], first_tokens: list[tuple[str, float]]) -> dict:
     out = {}
     for kind in KINDS:
         rs = [r for r in rows if r["kind"] == kind]
@@ -112,6 +124,8 @@ def summarize(rows: list[dict]) -> dict:
                             for k in ("forward_ms", "compress_ms", "prompt_tokens", "prompt_chunks")}}
     waits = sorted(r["ms"] for r in rows for _ in range(r["decodes"]))  # each decode row waits its step
     out["decode_wait_p50"], out["decode_wait_p99"] = waits[len(waits) // 2], waits[int(len(waits) * 0.99)]
+    out["ttft_p50_ms"] = {t: statistics.median(ms for name, ms in first_tokens if name == t)
+                          for t in sorted({name for name, _ in first_tokens})}
     return out
 
 
@@ -128,16 +142,18 @@ def main() -> int:
         engine = served_engine(arm)
         engine.graphs.capture_all()
         for users in (int(u) for u in a.users.split(",")):
-            rows = run(engine, users, a.steps, a.warmup)
-            s = summarize(rows)
-            result["runs"].append({"arm": arm, "users": users, "summary": s, "steps": rows})
+            rows, first_tokens = run(engine, users, a.steps, a.warmup)
+            s = summarize(rows, first_tokens)
+            result["runs"].append({"arm": arm, "users": users, "summary": s, "steps": rows,
+                                   "first_tokens": first_tokens})
             kinds = "; ".join(f"{k} {d['steps']}x {d['ms_p50']:.1f} ms (max {d['ms_max']:.1f}, forward "
                               f"{d['forward_ms_p50']:.1f}, compression {d['compress_ms_p50']:.1f}, "
                               f"{d['prompt_tokens_p50']:.0f} tokens in {d['prompt_chunks_p50']:.0f})"
-                              for k, d in s.items() if isinstance(d, dict))
+                              for k, d in s.items() if k in KINDS)
+            ttft = ", ".join(f"{t} {ms:.0f}" for t, ms in s["ttft_p50_ms"].items())
             print(f"{arm:18} users {users:2}: decode rows wait p50 {s['decode_wait_p50']:.1f} p99 "
-                  f"{s['decode_wait_p99']:.1f} ms ({s['decode_wait_p99'] / s['decode_wait_p50']:.2f}x) | {kinds}",
-                  flush=True)
+                  f"{s['decode_wait_p99']:.1f} ms ({s['decode_wait_p99'] / s['decode_wait_p50']:.2f}x); first token "
+                  f"p50 ms: {ttft} | {kinds}", flush=True)
         del engine
         gc.collect()
         torch.cuda.empty_cache()
