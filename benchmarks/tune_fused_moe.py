@@ -23,7 +23,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels import fused_moe as fm  # noqa: E402
-from kernels.tuning import device_name  # noqa: E402
+from kernels.tuning import device_name, save_configs  # noqa: E402
 from server.dummy_repository import SHAPES  # noqa: E402
 
 SPACE = {"BLOCK_SIZE_N": [32, 64, 128], "BLOCK_SIZE_K": [64, 128, 256], "GROUP_SIZE_M": [1],
@@ -95,10 +95,7 @@ def main() -> int:
                        "chosen_us": {t: 1e3 * complete[pick][t] for t in sorted(counts)}}
         print(key, "default", {t: round(1e3 * complete[default][t], 1) for t in sorted(counts)},
               "chosen", {t: round(1e3 * complete[pick][t], 1) for t in sorted(counts)}, chosen[key])
-    a.out_dir.mkdir(parents=True, exist_ok=True)
-    path = a.out_dir / f"fused_moe,device_name={device_name(dev)}.json"
-    existing = json.loads(path.read_text()) if path.is_file() else {}
-    path.write_text(json.dumps({**existing, **chosen}, indent=1, sort_keys=True) + "\n")
+    path = save_configs(a.out_dir, "fused_moe", device_name(dev), chosen)
     print(f"wrote {path}")
     if a.report:
         a.report.write_text(json.dumps({"model": a.model, "device": torch.cuda.get_device_name(), "keys": report},

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_attention import num_copies, time_calls  # noqa: E402
 from kernels import paged_attention as pa  # noqa: E402
-from kernels.tuning import device_name  # noqa: E402
+from kernels.tuning import device_name, save_configs  # noqa: E402
 from server.dummy_repository import SHAPES  # noqa: E402
 
 SPACE = {"BLOCK_N": [32, 64, 128], "num_warps": [4, 8], "num_stages": [2, 3], "MIN_TOKENS_PER_SPLIT": [128, 256, 512]}
@@ -90,11 +90,7 @@ def main() -> int:
     print("chosen:", best)
     key = f"head_dim={d},group={hq // hkv},page_size={PAGE}"
     if a.out_dir:
-        path = a.out_dir / f"paged_decode_stage1,device_name={device_name(dev)}.json"
-        a.out_dir.mkdir(parents=True, exist_ok=True)
-        data = json.loads(path.read_text()) if path.exists() else {}
-        data[key] = best
-        path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        path = save_configs(a.out_dir, "paged_decode_stage1", device_name(dev), {key: best})
         print("wrote", path)
     if a.report:
         a.report.write_text(json.dumps({"key": key, "default": default, "chosen": best, "rows": rows}, indent=1))

@@ -50,11 +50,25 @@ def resident_programs(kernel, device: torch.device) -> int:
     return max(1, per_sm) * props.multi_processor_count
 
 
+def config_path(folder: Path, kernel: str, dev_name: str) -> Path:
+    return Path(folder) / f"{kernel},device_name={dev_name}.json"
+
+
+def save_configs(folder: Path, kernel: str, dev_name: str, configs: dict) -> Path:
+    """Add `configs` (key -> launch parameters) to the kernel's file for this device in `folder` (the tuners'
+    output); keys already there and not in `configs` stay. Returns the file's path."""
+    path = config_path(folder, kernel, dev_name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    existing = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**existing, **configs}, indent=1, sort_keys=True) + "\n")
+    return path
+
+
 @functools.lru_cache(maxsize=None)
 def _load_configs(kernel: str, dev_name: str) -> dict:
     dirs = [Path(p) for p in [os.environ.get("ALRKVD_KERNEL_CONFIG_DIR")] if p] + [CONFIG_DIR]
     for folder in dirs:
-        path = folder / f"{kernel},device_name={dev_name}.json"
+        path = config_path(folder, kernel, dev_name)
         if path.is_file():
             with open(path) as f:
                 return json.load(f)
