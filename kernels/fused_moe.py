@@ -138,23 +138,58 @@ class MoEAlignment(NamedTuple):
 
 
 @triton.jit
+def _count_pairs(Ids, Pair_weights, lo, hi, numel, e, BLOCK_E: tl.constexpr, BLOCK: tl.constexpr,
+                 HAS_COUNTS: tl.constexpr):
+    """Pairs lo .. hi - 1 (those below numel), BLOCK at a time: how many go to each expert e, and with HAS_COUNTS
+    the sum of their Pair_weights per expert (whole numbers: exact in fp32)."""
+    chunk = tl.arange(0, BLOCK)
+    counts = tl.zeros([BLOCK_E], dtype=tl.int32)
+    weighted = tl.zeros([BLOCK_E], dtype=tl.float32)
+    for start in range(lo, hi, BLOCK):
+        mask = start + chunk < numel
+        ids = tl.load(Ids + start + chunk, mask=mask, other=-1)
+        onehot = (ids[:, None] == e[None, :]).to(tl.int32)
+        counts += tl.sum(onehot, axis=0)
+        if HAS_COUNTS:
+            w = tl.load(Pair_weights + start + chunk, mask=mask, other=0.0).to(tl.float32)
+            weighted += tl.sum(onehot.to(tl.float32) * w[:, None], axis=0)
+    return counts, weighted
+
+
+@triton.jit
+def _store_tile_experts(Expert_ids, ends, e, lo, hi, num_tiles, E: tl.constexpr, BLOCK: tl.constexpr,
+                        BLOCK_SIZE: tl.constexpr):
+    """M-tiles lo .. hi - 1 (those below num_tiles): each tile's expert, how many runs end at or before the tile's
+    start (-1 past the last run)."""
+    for t0 in range(lo, hi, BLOCK):
+        t = t0 + tl.arange(0, BLOCK)
+        before = tl.sum(((ends[None, :] <= t[:, None] * BLOCK_SIZE) & (e[None, :] < E)).to(tl.int32), axis=1)
+        tl.store(Expert_ids + t, tl.where(before < E, before, -1), mask=(t < num_tiles) & (t < hi))
+
+
+@triton.jit
+def _place_pairs(Ids, Sorted, lo, hi, numel, e, seen, BLOCK: tl.constexpr):
+    """Pairs lo .. hi - 1 (those below numel) into Sorted: pair i of expert e at seen[e] + how many pairs of e came
+    before it from lo on (a one-hot prefix sum per BLOCK of pairs)."""
+    chunk = tl.arange(0, BLOCK)
+    for start in range(lo, hi, BLOCK):
+        ids = tl.load(Ids + start + chunk, mask=start + chunk < numel, other=-1)
+        onehot = (ids[:, None] == e[None, :]).to(tl.int32)
+        before = tl.cumsum(onehot, axis=0) - onehot  # earlier pairs of the same expert in this block
+        dest = tl.sum(onehot * (seen[None, :] + before), axis=1)
+        tl.store(Sorted + dest, start + chunk, mask=start + chunk < numel)
+        seen += tl.sum(onehot, axis=0)
+
+
+@triton.jit
 def _moe_align_kernel(Ids, Sorted, Expert_ids, Num_post_padded, Counts, Pair_weights, numel, em,
                       E: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK: tl.constexpr, FILL_BLOCK: tl.constexpr,
                       BLOCK_SIZE: tl.constexpr, HAS_COUNTS: tl.constexpr):
     """One program: count the pairs per expert (with HAS_COUNTS, Counts[e] += the Pair_weights of expert e's
     pairs), pad the runs, then place each pair at its expert's run start + how many pairs of that expert came
-    before it (a one-hot prefix sum per chunk of pairs)."""
+    before it."""
     e = tl.arange(0, BLOCK_E)
-    chunk = tl.arange(0, BLOCK)
-    counts = tl.zeros([BLOCK_E], dtype=tl.int32)
-    weighted = tl.zeros([BLOCK_E], dtype=tl.float32)  # whole numbers up to 4,096 pairs: exact
-    for start in range(0, numel, BLOCK):
-        ids = tl.load(Ids + start + chunk, mask=start + chunk < numel, other=-1)
-        onehot = (ids[:, None] == e[None, :]).to(tl.int32)
-        counts += tl.sum(onehot, axis=0)
-        if HAS_COUNTS:
-            w = tl.load(Pair_weights + start + chunk, mask=start + chunk < numel, other=0.0).to(tl.float32)
-            weighted += tl.sum(onehot.to(tl.float32) * w[:, None], axis=0)
+    counts, weighted = _count_pairs(Ids, Pair_weights, 0, numel, numel, e, BLOCK_E, BLOCK, HAS_COUNTS)
     if HAS_COUNTS:
         total = tl.load(Counts + e, mask=e < E, other=0.0)
         tl.store(Counts + e, total + weighted.to(total.dtype), mask=e < E)
@@ -162,23 +197,12 @@ def _moe_align_kernel(Ids, Sorted, Expert_ids, Num_post_padded, Counts, Pair_wei
     ends = tl.cumsum(padded, axis=0)
     starts = ends - padded
     tl.store(Num_post_padded, tl.sum(padded, axis=0))
-    # each M-tile's expert: how many runs end at or before the tile's start (-1 past the last run)
-    for start in range(0, em // BLOCK_SIZE, BLOCK):
-        tile_start = (start + chunk) * BLOCK_SIZE
-        before = tl.sum(((ends[None, :] <= tile_start[:, None]) & (e[None, :] < E)).to(tl.int32), axis=1)
-        tl.store(Expert_ids + start + chunk, tl.where(before < E, before, -1), mask=start + chunk < em // BLOCK_SIZE)
+    _store_tile_experts(Expert_ids, ends, e, 0, em // BLOCK_SIZE, em // BLOCK_SIZE, E, BLOCK, BLOCK_SIZE)
     fill = tl.arange(0, FILL_BLOCK)
     for start in range(0, em, FILL_BLOCK):
         tl.store(Sorted + start + fill, numel, mask=start + fill < em)
     tl.debug_barrier()  # the padding is written before any pair
-    seen = tl.zeros([BLOCK_E], dtype=tl.int32)
-    for start in range(0, numel, BLOCK):
-        ids = tl.load(Ids + start + chunk, mask=start + chunk < numel, other=-1)
-        onehot = (ids[:, None] == e[None, :]).to(tl.int32)
-        before = tl.cumsum(onehot, axis=0) - onehot  # earlier pairs of the same expert in this chunk
-        dest = tl.sum(onehot * ((starts + seen)[None, :] + before), axis=1)
-        tl.store(Sorted + dest, start + chunk, mask=start + chunk < numel)
-        seen += tl.sum(onehot, axis=0)
+    _place_pairs(Ids, Sorted, 0, numel, numel, e, starts, BLOCK)
 
 
 def padded_pairs(numel: int, block_size: int, num_experts: int) -> int:
@@ -197,17 +221,8 @@ def _moe_count_kernel(Ids, Partial, Weighted, Pair_weights, numel,
     Weighted[p, e] = the sum of their Pair_weights)."""
     p = tl.program_id(0)
     e = tl.arange(0, BLOCK_E)
-    chunk = tl.arange(0, BLOCK)
-    counts = tl.zeros([BLOCK_E], dtype=tl.int32)
-    weighted = tl.zeros([BLOCK_E], dtype=tl.float32)  # whole numbers: exact
-    for start in range(p * CHUNK, (p + 1) * CHUNK, BLOCK):
-        mask = start + chunk < numel
-        ids = tl.load(Ids + start + chunk, mask=mask, other=-1)
-        onehot = (ids[:, None] == e[None, :]).to(tl.int32)
-        counts += tl.sum(onehot, axis=0)
-        if HAS_COUNTS:
-            w = tl.load(Pair_weights + start + chunk, mask=mask, other=0.0).to(tl.float32)
-            weighted += tl.sum(onehot.to(tl.float32) * w[:, None], axis=0)
+    counts, weighted = _count_pairs(Ids, Pair_weights, p * CHUNK, (p + 1) * CHUNK, numel, e, BLOCK_E, BLOCK,
+                                    HAS_COUNTS)
     tl.store(Partial + p * BLOCK_E + e, counts)
     if HAS_COUNTS:
         tl.store(Weighted + p * BLOCK_E + e, weighted)
@@ -241,21 +256,10 @@ def _moe_place_kernel(Ids, Sorted, Expert_ids, Num_post_padded, Partial, Counts,
         if HAS_COUNTS:
             total = tl.load(Counts + e, mask=e < E, other=0.0)
             tl.store(Counts + e, total + weighted.to(total.dtype), mask=e < E)
-    chunk = tl.arange(0, BLOCK)
     num_tiles = em // BLOCK_SIZE
     share = tl.cdiv(num_tiles, num_programs)
-    for t0 in range(p * share, (p + 1) * share, BLOCK):  # each M-tile's expert, as in _moe_align_kernel
-        t = t0 + chunk
-        before = tl.sum(((ends[None, :] <= t[:, None] * BLOCK_SIZE) & (e[None, :] < E)).to(tl.int32), axis=1)
-        tl.store(Expert_ids + t, tl.where(before < E, before, -1), mask=(t < num_tiles) & (t < (p + 1) * share))
-    seen = starts + earlier
-    for start in range(p * CHUNK, (p + 1) * CHUNK, BLOCK):
-        ids = tl.load(Ids + start + chunk, mask=start + chunk < numel, other=-1)
-        onehot = (ids[:, None] == e[None, :]).to(tl.int32)
-        before = tl.cumsum(onehot, axis=0) - onehot
-        dest = tl.sum(onehot * (seen[None, :] + before), axis=1)
-        tl.store(Sorted + dest, start + chunk, mask=start + chunk < numel)
-        seen += tl.sum(onehot, axis=0)
+    _store_tile_experts(Expert_ids, ends, e, p * share, (p + 1) * share, num_tiles, E, BLOCK, BLOCK_SIZE)
+    _place_pairs(Ids, Sorted, p * CHUNK, (p + 1) * CHUNK, numel, e, starts + earlier, BLOCK)
 
 
 # One program walks every pair: a decode step's few hundred pairs in one launch; more, in programs of CHUNK_PAIRS.
