@@ -258,8 +258,12 @@ class PagedKVCache:
         self._runs[id(seq)] = first
         if off:
             self.wait_compressed()
-            self.window_k[:, first, :off] = self.window_k[:, seq.window_slot, :off]
-            self.window_v[:, first, :off] = self.window_v[:, seq.window_slot, :off]
+            self._copy_window(seq.window_slot, first, off)
+
+    def _copy_window(self, src: int, dst: int, tokens: int):
+        """The first `tokens` of window slot `src` into slot `dst`, keys and values of every layer."""
+        for window in (self.window_k, self.window_v):
+            window[:, dst, :tokens] = window[:, src, :tokens]
 
     def wait_compressed(self):
         """Before a window or a block is read or written: the side stream's compression is done."""
@@ -308,9 +312,7 @@ class PagedKVCache:
                 self._filled += [(layer, block, start, self.window_k[layer, slot], self.window_v[layer, slot])
                                  for layer in range(self.cfg.num_layers)]
             for i, slot, tail in part.decode_meta.get("run_tails", []):  # (read, not compressed: no wait)
-                home = part.seqs[i].window_slot
-                self.window_k[:, home, :tail] = self.window_k[:, slot, :tail]
-                self.window_v[:, home, :tail] = self.window_v[:, slot, :tail]
+                self._copy_window(slot, part.seqs[i].window_slot, tail)
         for seq, n in zip(batch.seqs, batch.query_lens):
             seq.num_tokens += n
         self._compress_filled()

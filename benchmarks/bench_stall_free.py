@@ -1,7 +1,7 @@
 """Stall-free batching under load: the same Locust load (loadtest/tenants_mixed.yaml: chats streaming
 while documents arrive) against the dense `smollm2` config (`alrkvd-cpu` KV) without `max_step_ms`, then
-with it (and with `--target-ratio`, a step target relative to the decode step instead), one server, one run. The chat tenant's inter-token latency p99 against its p50 says whether prompts
-stall streams.
+with it (and with `--target-ratio`, a step target relative to the decode step instead), one server, one run.
+The chat tenant's inter-token latency p99 against its p50 says whether prompts stall streams.
 
     python -m benchmarks.bench_stall_free --target-ms 150 --users 6 --run-time 180s --out reports/stall_free
 """
