@@ -21,7 +21,8 @@ fn = getattr(mod, fnname)
 ptr = dict(Q="fp16", Block_tables="i32", Seq_lens="i32", Closed="i32", Window_slots="i32", Window_k="fp16",
            Window_v="fp16", Cos="fp32", Sin="fp32", Ranks="i16", Basis="i8", Basis_scale="fp16",
            Latent="u8", Latent_scale="fp16", Latent_zero="fp16", K_resid="u8", K_rscale="fp16",
-           K_rzero="fp16", V_resid="u8", V_rscale="fp16", V_rzero="fp16", Mid_o="fp32", Mid_lse="fp32", Out="fp16", Tickets="i32")
+           K_rzero="fp16", V_resid="u8", V_rscale="fp16", V_rzero="fp16", Mid_o="fp32", Mid_lse="fp32", Out="fp16",
+           Tickets="i32", Tile_starts="i32", Tile_counts="i32")
 T, H, D, R, P, Hq = 128, 8, 128, 256, 9, 32
 ints = dict(num_splits=8, stride_qb=Hq * D, stride_qh=D, stride_btb=257, stride_cs=D,
             stride_wn=T * H * D, stride_wt=H * D, stride_wh=D, stride_rkn=16, stride_bn=R * D, stride_br=D,
@@ -30,7 +31,7 @@ ints = dict(num_splits=8, stride_qb=Hq * D, stride_qh=D, stride_btb=257, stride_
             stride_vrn=T * H * 32, stride_vrt=1, stride_vrh=32 * T, stride_vrc=T, stride_vsn=T * H, stride_vst=1, stride_vsh=T,
             stride_mob=Hq * P * D, stride_moh=P * D, stride_mos=D, stride_mlb=Hq * P, stride_mlh=P, stride_ob=Hq * D, stride_oh=D)
 consts = dict(NUM_KV_HEADS=8, GROUP=4, BLOCK_G=4, BLOCK_GN=8, MERGE_CHUNK=32, MIN_TILES=1, ASM=True, HEAD_DIM=128, BLOCK_SIZE=128, BLOCK_S=16, K_BITS=2, V_BITS=2,
-              BLOCK_N=128, WINDOW_N=128, BLOCK_R=16, HAS_CLOSED=False)
+              BLOCK_N=128, WINDOW_N=128, BLOCK_R=16, HAS_CLOSED=False, TILE_Q=1)
 opts = dict(num_warps=4, num_stages=2)
 for k, v in extra.items():
     (opts if k in ('num_warps', 'num_stages', 'maxnreg') else ints if k in ints or k.startswith('stride') else consts)[k] = v

@@ -106,6 +106,15 @@ _DEFAULT_STAGE1 = {"BLOCK_N": 128, "WINDOW_N": 128, "num_warps": 4, "num_stages"
                    "NUM_WARPS_MANY_PAIRS": 2, "BLOCK_N_MANY_PAIRS_HEAVY": 64, "WINDOW_N_MANY_PAIRS": 64,
                    "WINDOW_TILES": 0.0, "WINDOW_TILES_MANY_PAIRS": 2.5, "LONG_TOKENS": 16384}
 MANY_PAIRS = 64
+# The launch of tiles of query rows (a prompt chunk's rows beside decodes, `tile_starts`): TILE_Q rows of a sequence a
+# program, their (row, head) pairs the dots' columns (TILE_Q x 8 = 64 for Qwen3's group of 8), so that a compressed
+# tile is read and unpacked once for TILE_Q rows, not once per row. H100, one layer of Qwen3-30B-A3B's mixed step
+# (journal 2026-12-06 26b): a 2,044-token chunk after 12,288 tokens beside 4 decodes 6.15 ms, row by row 10.51 (8
+# warps 9.48, 16 rows a tile 21.3, 4 rows 7.15); a 248-token chunk after 4,096 beside 8 decodes 0.39 against 0.44.
+# Rebuilding the history and flash attention over it took 0.85 and 0.37 ms: long histories go eager
+# (backend/cuda_graphs.py `GRAPH_MAX_HISTORY_READS`).
+_TILES_STAGE1 = {"TILE_Q": 8, "BLOCK_N": 64, "WINDOW_N": 64, "num_warps": 4, "num_stages": 2,
+                 "MIN_TOKENS_PER_SPLIT": 256}
 
 # The ALRKVDFormat options this kernel reads (and group = head_dim); other options take the PyTorch path. It reads
 # key_frame=post_rope too (low-rank keys before RoPE, rotated per token in the loop): 1.16-1.39x slower on the H200
@@ -312,16 +321,19 @@ def _window_partial(
     Q, Window_slots, Window_k, Window_v, Cos, Sin,
     o_row, lse_row,  # this program's partial (Mid_o, Mid_lse)
     # This program's sequence and kv head (its query heads and their mask), the sequence's closed blocks and length
-    pid_b, pid_kvh, heads, mask_g, n_closed, seq_len, qk_scale,
+    pid_b, pid_kvh, heads, mask_g, n_closed, seq_len, row_lens, qk_scale,
     offs_h, offs_d,  # tl.arange(0, HEAD_DIM // 2), tl.arange(0, HEAD_DIM)
     # Strides
     stride_qb, stride_qh, stride_cs, stride_wn, stride_wt, stride_wh, stride_moh, stride_mlh,
     # Meta-parameters
     BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, WINDOW_N: tl.constexpr,
+    TILE_Q: tl.constexpr,
 ):
     """Attention of the group's queries over the window's tokens, positions n_closed * BLOCK_SIZE .. seq_len - 1
     (1 .. BLOCK_SIZE of them, in the sequence's window slot, [BLOCK_SIZE, H, D], model dtype; more, in the slots
-    after it, where the caller gives the closed blocks); stores the partial.
+    after it, where the caller gives the closed blocks); stores the partial. With TILE_Q > 1 the group's rows are
+    a tile's query rows, each causal: its tokens are those before its own length (`row_lens` [BLOCK_G]; seq_len the
+    tile's longest).
     The keys are rotated here, tile by tile; the dots keep the group on the 16-row side (tl.dot pads BLOCK_G rows
     itself)."""
     HALF: tl.constexpr = HEAD_DIM // 2
@@ -349,6 +361,8 @@ def _window_partial(
         sin = tl.load(Sin + cs_off, mask=mask_n[:, None], other=0.0)
         r1, r2 = _rope(k1, k2, cos, sin)
         s = tl.dot(q1, tl.trans(r1.to(tl.float16))) + tl.dot(q2, tl.trans(r2.to(tl.float16)))
+        if TILE_Q > 1:  # each row sees the tokens before its own length
+            s = tl.where((start_n + offs_w)[None, :] < row_lens[:, None], s, float("-inf"))
         p, alpha, m_i, l_i = softmax_update(s * qk_scale, mask_n, m_i, l_i)
         v = tl.load(Window_v + rows[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v.to(tl.float16))
@@ -504,7 +518,7 @@ def _blocks_partial(
     K_resid, K_rscale, K_rzero, V_resid, V_rscale, V_rzero,
     o_row, lse_row,  # this program's partial (Mid_o, Mid_lse)
     # This program's sequence, kv head and split (tiles_per_split of the sequence's n_tiles closed tiles)
-    pid_b, pid_kvh, pid_s, tiles_per_split, n_tiles, qk_scale,
+    pid_b, pid_kvh, pid_s, tiles_per_split, n_tiles, num_rows, qk_scale,
     offs_h, offs_n, offs_r,  # tl.arange(0, HEAD_DIM // 2), tl.arange(0, BLOCK_N), tl.arange(0, BLOCK_R)
     # Strides (as `_alrkvd_decode_stage1`'s)
     stride_qb, stride_qh, stride_btb, stride_cs, stride_rkn, stride_bn, stride_br, stride_bsn,
@@ -515,16 +529,23 @@ def _blocks_partial(
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_GN: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
     K_BITS: tl.constexpr, V_BITS: tl.constexpr, ROTATED_KEYS: tl.constexpr, ASM: tl.constexpr,
+    TILE_Q: tl.constexpr,
 ):
-    """Attention of the group's queries over split pid_s's tiles (BLOCK_N tokens each) of the sequence's closed,
+    """Attention of the group's queries (TILE_Q > 1: of the `num_rows` query rows of a tile, the columns (row, head)
+    pairs) over split pid_s's tiles (BLOCK_N tokens each) of the sequence's closed,
     compressed blocks; stores the partial. Every dot is transposed: tokens (or head dims, or ranks) on the
     mma's 16-row side, the query group on its 8-column side (BLOCK_GN >= 8 columns, the padding zero): no padded
     rows to copy around the dots."""
     HALF: tl.constexpr = HEAD_DIM // 2
     TILES: tl.constexpr = BLOCK_SIZE // BLOCK_N
     offs_gn = tl.arange(0, BLOCK_GN)
-    mask_gn = offs_gn < GROUP
-    heads_n = pid_kvh * GROUP + offs_gn
+    if TILE_Q == 1:
+        mask_gn = offs_gn < GROUP
+        heads_n = pid_kvh * GROUP + offs_gn
+    else:  # column c: row c // GP of the tile, head c % GP of the group; rows as heads of a [rows x Hq] layout
+        GP: tl.constexpr = BLOCK_GN // TILE_Q
+        mask_gn = (offs_gn % GP < GROUP) & (offs_gn // GP < num_rows)
+        heads_n = offs_gn // GP * (NUM_KV_HEADS * GROUP) + pid_kvh * GROUP + offs_gn % GP
     qt_row = Q + pid_b * stride_qb + heads_n[None, :] * stride_qh  # [1, GN]
     t_start = pid_s * tiles_per_split
     t_end = tl.minimum(t_start + tiles_per_split, n_tiles)
@@ -651,12 +672,90 @@ def _blocks_partial(
 # ----------------------------------------------------------------------------------------------
 # Stage 1: the kernel
 # ----------------------------------------------------------------------------------------------
+@triton.jit
+def _stage1_rows(
+    Q, Block_tables, Seq_lens, Closed, Window_slots, Window_k, Window_v, Cos, Sin,
+    Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero,
+    K_resid, K_rscale, K_rzero, V_resid, V_rscale, V_rzero, Mid_o, Mid_lse, Out, Tickets,
+    pid_b, num_rows, qk_scale, num_splits,
+    stride_qb, stride_qh, stride_btb, stride_cs, stride_wn, stride_wt, stride_wh, stride_rkn,
+    stride_bn, stride_br, stride_bsn, stride_ln, stride_lt, stride_lr, stride_krn, stride_krt,
+    stride_krh, stride_ksn, stride_kst, stride_ksh, stride_vrn, stride_vrt, stride_vrh, stride_vrc,
+    stride_vsn, stride_vst, stride_vsh, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
+    stride_ob, stride_oh,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_GN: tl.constexpr,
+    MERGE_CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    WINDOW_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, K_BITS: tl.constexpr, V_BITS: tl.constexpr,
+    ROTATED_KEYS: tl.constexpr, HAS_CLOSED: tl.constexpr, MIN_TILES: tl.constexpr, ASM: tl.constexpr,
+    TILE_Q: tl.constexpr,
+):
+    """Stage 1 for row pid_b (TILE_Q 1), or for the `num_rows` rows from pid_b on of a tile: their queries are the
+    columns (row, head), the rows laid out as heads of [rows x Hq] (q, the partials and the output contiguous
+    over (row, head)), so every offset below is the one-row code's."""
+    TILES: tl.constexpr = BLOCK_SIZE // BLOCK_N
+    pid_kvh = tl.program_id(1)
+    pid_s = tl.program_id(2)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    first_len = tl.load(Seq_lens + pid_b)
+    if TILE_Q == 1:
+        seq_len = first_len
+        row_lens = seq_len
+        mask_g = offs_g < GROUP
+        heads = pid_kvh * GROUP + offs_g
+    else:
+        GP: tl.constexpr = BLOCK_G // TILE_Q
+        seq_len = tl.load(Seq_lens + pid_b + num_rows - 1)  # the tile's last row sees the most
+        mask_g = (offs_g % GP < GROUP) & (offs_g // GP < num_rows)
+        heads = offs_g // GP * (NUM_KV_HEADS * GROUP) + pid_kvh * GROUP + offs_g % GP
+        row_lens = tl.load(Seq_lens + pid_b + offs_g // GP, mask=mask_g, other=seq_len)
+    if HAS_CLOSED:
+        n_closed = tl.load(Closed + pid_b)
+    else:
+        n_closed = tl.maximum(first_len - 1, 0) // BLOCK_SIZE  # the window holds the last 1..BLOCK_SIZE tokens
+
+    offs_h = tl.arange(0, HEAD_DIM // 2)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_r = tl.arange(0, BLOCK_R)
+
+    n_tiles = n_closed * TILES
+    tiles_per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), MIN_TILES)
+    busy = tl.cdiv(n_tiles, tiles_per_split)  # splits with tiles; the window's partial is the next one
+    part = tl.where(pid_s == num_splits, busy, pid_s)
+    o_row, lse_row = Mid_o + pid_b * stride_mob + part * stride_mos, Mid_lse + pid_b * stride_mlb + part
+
+    if pid_s == num_splits:
+        _window_partial(Q, Window_slots, Window_k, Window_v, Cos, Sin, o_row, lse_row,
+                        pid_b, pid_kvh, heads, mask_g, n_closed, seq_len, row_lens, qk_scale, offs_h, offs_d,
+                        stride_qb, stride_qh, stride_cs, stride_wn, stride_wt, stride_wh, stride_moh, stride_mlh,
+                        BLOCK_G, HEAD_DIM, BLOCK_SIZE, WINDOW_N, TILE_Q)
+    elif pid_s < busy:
+        _blocks_partial(Q, Block_tables, Cos, Sin,
+                        Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero,
+                        K_resid, K_rscale, K_rzero, V_resid, V_rscale, V_rzero,
+                        o_row, lse_row,
+                        pid_b, pid_kvh, pid_s, tiles_per_split, n_tiles, num_rows, qk_scale, offs_h, offs_n, offs_r,
+                        stride_qb, stride_qh, stride_btb, stride_cs, stride_rkn, stride_bn, stride_br, stride_bsn,
+                        stride_ln, stride_lt, stride_lr, stride_krn, stride_krt, stride_krh, stride_ksn, stride_kst,
+                        stride_ksh, stride_vrn, stride_vrt, stride_vrh, stride_vrc, stride_vsn, stride_vst, stride_vsh,
+                        stride_moh, stride_mlh,
+                        NUM_KV_HEADS, GROUP, BLOCK_GN, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_R, BLOCK_S,
+                        K_BITS, V_BITS, ROTATED_KEYS, ASM, TILE_Q)
+
+    merge_if_last(Tickets + pid_b * NUM_KV_HEADS + pid_kvh, num_splits + 1, busy + 1, Mid_o + pid_b * stride_mob,
+                  Mid_lse + pid_b * stride_mlb, Out + pid_b * stride_ob, heads, mask_g,
+                  offs_d, offs_d < HEAD_DIM, stride_moh, stride_mos, stride_mlh, stride_oh, BLOCK_G, HEAD_DIM,
+                  MERGE_CHUNK)
+
+
 # (ints that vary with the batch are not specialized: outside a graph, each new combination of ==1 and
 # multiple-of-16 compiled the kernel again, seconds each)
 @triton.jit(do_not_specialize=["num_splits", "stride_btb", "stride_mlb", "stride_mlh"])
 def _alrkvd_decode_stage1(
     # Pointers: query, paging, window (Closed: each row's closed blocks, read with HAS_CLOSED)
     Q, Block_tables, Seq_lens, Closed, Window_slots, Window_k, Window_v,
+    Tile_starts, Tile_counts,  # TILE_Q > 1: each tile's first row and its rows (0: an unused tile)
     Cos, Sin,  # RoPE tables [max_pos, D] (HF layout: the first half of a row is cos/sin(pos * theta))
     # Pointers: compressed blocks
     Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero,
@@ -692,71 +791,57 @@ def _alrkvd_decode_stage1(
     K_BITS: tl.constexpr, V_BITS: tl.constexpr,
     ROTATED_KEYS: tl.constexpr,  # key_frame=rotated: low-rank key scores are (q B^T) . latents, no RoPE per token
     HAS_CLOSED: tl.constexpr,  # each row's closed blocks given (its window may span consecutive slots)
+    TILE_Q: tl.constexpr,  # query rows per program: 1 (axis 0 a row), or tiles of a sequence's consecutive rows
     MIN_TILES: tl.constexpr,  # the fewest tiles a split takes (MIN_TOKENS_PER_SPLIT / BLOCK_N)
     ASM: tl.constexpr,  # residual codes unpacked by inline PTX (compiled only; the interpreter takes the plain path)
 ):
-    """Grid (B, num_kv_heads, num_splits + 1): the first splits share the closed (compressed) blocks' tiles, at
-    least MIN_TILES each (`_blocks_partial`), and program num_splits takes the window (`_window_partial`). The split
-    count comes from the block table's width; the sequence's own length can leave the last splits without tiles.
+    """Grid (B, num_kv_heads, num_splits + 1), or (tiles, ...) with TILE_Q > 1 (`_stage1_rows`): the first splits
+    share the closed (compressed) blocks' tiles, at least MIN_TILES each (`_blocks_partial`), and program num_splits
+    takes the window (`_window_partial`). The split count comes from the block table's width; the sequence's own
+    length can leave the last splits without tiles.
     Those store nothing, and the window's partial goes right after the busy splits', so the merge reads only
     partials with tokens behind them (`merge_if_last`: one chunk of 32 partials instead of two at B=1 L=4k,
     BENCHMARKS.md 2g)."""
-    TILES: tl.constexpr = BLOCK_SIZE // BLOCK_N
-    pid_b = tl.program_id(0).to(tl.int64)
-    pid_kvh = tl.program_id(1)
-    pid_s = tl.program_id(2)
-
-    seq_len = tl.load(Seq_lens + pid_b)
-    if HAS_CLOSED:
-        n_closed = tl.load(Closed + pid_b)
-    else:
-        n_closed = tl.maximum(seq_len - 1, 0) // BLOCK_SIZE  # the window holds the last 1..BLOCK_SIZE tokens
-
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_h = tl.arange(0, HEAD_DIM // 2)
-    offs_d = tl.arange(0, HEAD_DIM)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_r = tl.arange(0, BLOCK_R)
-    mask_g = offs_g < GROUP
-    heads = pid_kvh * GROUP + offs_g
-
-    n_tiles = n_closed * TILES
-    tiles_per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), MIN_TILES)
-    busy = tl.cdiv(n_tiles, tiles_per_split)  # splits with tiles; the window's partial is the next one
-    part = tl.where(pid_s == num_splits, busy, pid_s)
-    o_row, lse_row = Mid_o + pid_b * stride_mob + part * stride_mos, Mid_lse + pid_b * stride_mlb + part
-
-    if pid_s == num_splits:
-        _window_partial(Q, Window_slots, Window_k, Window_v, Cos, Sin, o_row, lse_row,
-                        pid_b, pid_kvh, heads, mask_g, n_closed, seq_len, qk_scale, offs_h, offs_d,
-                        stride_qb, stride_qh, stride_cs, stride_wn, stride_wt, stride_wh, stride_moh, stride_mlh,
-                        BLOCK_G, HEAD_DIM, BLOCK_SIZE, WINDOW_N)
-    elif pid_s < busy:
-        _blocks_partial(Q, Block_tables, Cos, Sin,
-                        Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero,
-                        K_resid, K_rscale, K_rzero, V_resid, V_rscale, V_rzero,
-                        o_row, lse_row,
-                        pid_b, pid_kvh, pid_s, tiles_per_split, n_tiles, qk_scale, offs_h, offs_n, offs_r,
-                        stride_qb, stride_qh, stride_btb, stride_cs, stride_rkn, stride_bn, stride_br, stride_bsn,
-                        stride_ln, stride_lt, stride_lr, stride_krn, stride_krt, stride_krh, stride_ksn, stride_kst,
-                        stride_ksh, stride_vrn, stride_vrt, stride_vrh, stride_vrc, stride_vsn, stride_vst, stride_vsh,
-                        stride_moh, stride_mlh,
-                        NUM_KV_HEADS, GROUP, BLOCK_GN, HEAD_DIM, BLOCK_SIZE, BLOCK_N, BLOCK_R, BLOCK_S,
-                        K_BITS, V_BITS, ROTATED_KEYS, ASM)
-
-    merge_if_last(Tickets + pid_b * NUM_KV_HEADS + pid_kvh, num_splits + 1, busy + 1, Mid_o + pid_b * stride_mob,
-                  Mid_lse + pid_b * stride_mlb, Out + pid_b * stride_ob, heads, mask_g,
-                  offs_d, offs_d < HEAD_DIM, stride_moh, stride_mos, stride_mlh, stride_oh, BLOCK_G, HEAD_DIM,
-                  MERGE_CHUNK)
+    if TILE_Q == 1:
+        pid_b = tl.program_id(0).to(tl.int64)
+        num_rows = 1
+    else:  # a tile: rows pid_b.. of one sequence, which share its closed blocks, table and window
+        pid_b = tl.load(Tile_starts + tl.program_id(0)).to(tl.int64)
+        num_rows = tl.load(Tile_counts + tl.program_id(0))
+    if num_rows > 0:
+        _stage1_rows(Q, Block_tables, Seq_lens, Closed, Window_slots, Window_k, Window_v, Cos, Sin,
+                     Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero,
+                     K_resid, K_rscale, K_rzero, V_resid, V_rscale, V_rzero, Mid_o, Mid_lse, Out, Tickets,
+                     pid_b, num_rows, qk_scale, num_splits,
+                     stride_qb, stride_qh, stride_btb, stride_cs, stride_wn, stride_wt, stride_wh, stride_rkn,
+                     stride_bn, stride_br, stride_bsn, stride_ln, stride_lt, stride_lr, stride_krn, stride_krt,
+                     stride_krh, stride_ksn, stride_kst, stride_ksh, stride_vrn, stride_vrt, stride_vrh, stride_vrc,
+                     stride_vsn, stride_vst, stride_vsh, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
+                     stride_ob, stride_oh,
+                     NUM_KV_HEADS, GROUP, BLOCK_G, BLOCK_GN, MERGE_CHUNK, HEAD_DIM, BLOCK_SIZE, BLOCK_N, WINDOW_N,
+                     BLOCK_R, BLOCK_S, K_BITS, V_BITS, ROTATED_KEYS, HAS_CLOSED, MIN_TILES, ASM, TILE_Q)
 
 
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
-def _stage1_config(q, cache: AlrkvdLayer, block_tables) -> dict:
-    """Stage 1's launch parameters (kernels/tuning.py), MIN_TOKENS_PER_SPLIT included."""
+def _tiles_config(cache: AlrkvdLayer, num_q_heads: int, device: torch.device) -> dict:
+    return get_config("alrkvd_tiles_stage1", f"head_dim={cache.head_dim},group={num_q_heads // cache.num_kv_heads},"
+                      f"block_size={cache.block_size},k_bits={cache.k_bits}", device, _TILES_STAGE1)
+
+
+def tile_rows(cache: AlrkvdLayer, num_q_heads: int, device: torch.device) -> int:
+    """The most query rows a tile of `alrkvd_decode_attention(..., tile_starts=...)` may hold."""
+    return _tiles_config(cache, num_q_heads, device)["TILE_Q"]
+
+
+def _stage1_config(q, cache: AlrkvdLayer, block_tables, tiles: bool = False) -> dict:
+    """Stage 1's launch parameters (kernels/tuning.py), MIN_TOKENS_PER_SPLIT included; `tiles`: those of tiles
+    of query rows (TILE_Q included)."""
     batch, num_q_heads, head_dim = q.shape
     group = num_q_heads // cache.num_kv_heads
+    if tiles:
+        return _tiles_config(cache, num_q_heads, q.device)
     cfg = get_config("alrkvd_decode_stage1",
                      f"head_dim={head_dim},group={group},block_size={cache.block_size},k_bits={cache.k_bits}",
                      q.device, _DEFAULT_STAGE1)
@@ -784,9 +869,10 @@ def launch_config(cfg: dict, many_pairs: bool, rank_max: int, rotated_keys: bool
 
 
 def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_lens, window_slots,
-                   cos, sin, scale, closed, mid_o, mid_lse, out, tickets, cfg: dict, min_tokens: int,
+                   cos, sin, scale, closed, tiles, mid_o, mid_lse, out, tickets, cfg: dict, min_tokens: int,
                    warmup: bool = False):
-    """Launches stage 1 (or, with `warmup`, only compiles it); returns the compiled kernel."""
+    """Launches stage 1 (or, with `warmup`, only compiles it); returns the compiled kernel. `tiles`: None, or
+    (tile_starts, tile_counts), and cfg's TILE_Q."""
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads, block_size = cache.num_kv_heads, cache.block_size
     num_partials = mid_o.shape[2]
@@ -795,10 +881,14 @@ def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_
     group = num_q_heads // num_kv_heads
     block_n, window_n = min(cfg.pop("BLOCK_N"), block_size), min(cfg.pop("WINDOW_N"), block_size)
     assert block_size % block_n == 0
-    grid = (batch, num_kv_heads, num_partials)
+    tile_q = cfg.pop("TILE_Q", 1) if tiles is not None else 1
+    block_g = tile_q * triton.next_power_of_2(group)  # the columns: (row, head) pairs
+    grid = (batch if tiles is None else tiles[0].shape[0], num_kv_heads, num_partials)
+    tile_starts, tile_counts = tiles if tiles is not None else (seq_lens, seq_lens)  # (unread without tiles)
     launch = functools.partial(_alrkvd_decode_stage1.warmup, grid=grid) if warmup else _alrkvd_decode_stage1[grid]
     return launch(
-        q, block_tables, seq_lens, seq_lens if closed is None else closed, window_slots, window_k, window_v, cos, sin,
+        q, block_tables, seq_lens, seq_lens if closed is None else closed, window_slots, window_k, window_v,
+        tile_starts, tile_counts, cos, sin,
         cache.ranks, cache.basis, cache.basis_scale, cache.latent, cache.latent_scale, cache.latent_zero,
         cache.k_resid, cache.k_rscale, cache.k_rzero, cache.v_resid, cache.v_rscale, cache.v_rzero,
         mid_o, mid_lse, out, tickets,
@@ -818,14 +908,15 @@ def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_
         out.stride(0), out.stride(1),
         NUM_KV_HEADS=num_kv_heads, GROUP=group,
         # the window's dots keep the group on the 16-row side (tl.dot pads M itself), the closed tiles' on 8 columns
-        BLOCK_G=triton.next_power_of_2(group), BLOCK_GN=max(8, triton.next_power_of_2(group)),
-        MERGE_CHUNK=merge_chunk(group, head_dim, cfg["num_warps"]),
+        # (a tile's merge at half the registers: 4 partials a step spilled 552 bytes at 64 columns, 2 spill 144)
+        BLOCK_G=block_g, BLOCK_GN=max(8, block_g),
+        MERGE_CHUNK=merge_chunk(block_g, head_dim, cfg["num_warps"], 128 if tiles is None else 64),
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, WINDOW_N=window_n,
         BLOCK_R=max(16, triton.next_power_of_2(cache.rank_max)),
         BLOCK_S=triton.next_power_of_2(2 * num_kv_heads),
         K_BITS=cache.k_bits, V_BITS=cache.v_bits, ROTATED_KEYS=cache.rotated_keys, HAS_CLOSED=closed is not None,
-        MIN_TILES=max(1, min_tokens // block_n), ASM=q.is_cuda, **cfg,
+        TILE_Q=tile_q, MIN_TILES=max(1, min_tokens // block_n), ASM=q.is_cuda, **cfg,
     )
 
 
@@ -856,6 +947,8 @@ def alrkvd_decode_attention(
     num_splits: int | None = None,
     tickets: torch.Tensor | None = None,
     closed: torch.Tensor | None = None,
+    tile_starts: torch.Tensor | None = None,
+    tile_counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention of `q [B, Hq, D]` (rotated) over an ALR-KVD layer; returns `[B, Hq, D]`.
 
@@ -868,8 +961,11 @@ def alrkvd_decode_attention(
     closed blocks (one more takes the window); default from the shapes. tickets: int32 zeros of at least
     B x Hkv entries, 0 again after the call (`decode_tickets`); None allocates them. closed `[B]` int32, at most
     (seq_len - 1) // block_size: each row's closed blocks instead, its window the other tokens from its slot on,
-    through the slots after it (a prompt chunk across blocks: the blocks it filled are not compressed yet). No
-    host sync.
+    through the slots after it (a prompt chunk across blocks: the blocks it filled are not compressed yet).
+    tile_starts, tile_counts `[num_tiles]` int32: the rows in tiles of consecutive rows of one sequence each, at
+    most `tile_rows(...)` rows a tile (counts 0: unused tiles), which share their
+    first row's closed blocks, table and window slot and each attend causally by their own seq_len (a prompt
+    chunk's rows); one program reads each compressed tile for all the rows of a tile. No host sync.
     """
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads, block_size = cache.num_kv_heads, cache.block_size
@@ -882,11 +978,16 @@ def alrkvd_decode_attention(
     if closed is not None:  # windows across slots: one slot's tokens run on into the next's
         assert closed.dtype == torch.int32 and closed.shape == (batch,)
         assert window_k.is_contiguous() and window_v.is_contiguous()
-    cfg = _stage1_config(q, cache, block_tables)
+    tiles = None
+    if tile_starts is not None:  # rows as heads of [rows x Hq]: q, the partials and the output contiguous
+        assert tile_starts.dtype == tile_counts.dtype == torch.int32 and tile_starts.shape == tile_counts.shape
+        assert q.stride(0) == num_q_heads * q.stride(1)
+        tiles = (tile_starts, tile_counts)
+    cfg = _stage1_config(q, cache, block_tables, tiles is not None)
     min_tokens = cfg.pop("MIN_TOKENS_PER_SPLIT", MIN_TOKENS_PER_SPLIT)
     window_tiles = cfg.pop("WINDOW_TILES", 0.0)
     tickets = decode_tickets(tickets, batch * num_kv_heads, q.device)
-    inputs = (q, cache, window_k, window_v, block_tables, seq_lens, window_slots, cos, sin, scale, closed)
+    inputs = (q, cache, window_k, window_v, block_tables, seq_lens, window_slots, cos, sin, scale, closed, tiles)
 
     def partials(n):
         return (torch.empty(batch, num_q_heads, n, head_dim, dtype=torch.float32, device=q.device),
@@ -898,8 +999,8 @@ def alrkvd_decode_attention(
                cache.rank_max, cache.rotated_keys, closed is not None, tuple(sorted(cfg.items())))
         num_splits = windowed_num_splits(
             lambda: _alrkvd_stage1(*inputs, *partials(3), tickets, dict(cfg), min_tokens, warmup=True), key,
-            batch, num_kv_heads, block_tables.shape[1], block_size, min(cfg["BLOCK_N"], block_size), min_tokens,
-            q.device, window_tiles)
+            batch if tiles is None else tile_starts.shape[0], num_kv_heads, block_tables.shape[1], block_size,
+            min(cfg["BLOCK_N"], block_size), min_tokens, q.device, window_tiles)
     mid_o, mid_lse, out = partials(num_splits + 1)
     _alrkvd_stage1(*inputs, mid_o, mid_lse, out, tickets, cfg, min_tokens)
     return out
@@ -1086,9 +1187,11 @@ def alrkvd_decode_attention_ref(
     num_splits: int | None = None,
     kv_dtype: torch.dtype | None = None,
     closed: torch.Tensor | None = None,
+    tile_starts: torch.Tensor | None = None,
+    tile_counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The contract of `alrkvd_decode_attention` in fp32 PyTorch (decode blocks and window, attend).
-    `num_splits` is ignored; `kv_dtype` rounds the rebuilt, rotated keys and the values to that dtype
+    """The contract of `alrkvd_decode_attention` in fp32 PyTorch (decode blocks and window, attend), row by row.
+    `num_splits` and the tiles are ignored; `kv_dtype` rounds the rebuilt, rotated keys and the values to that dtype
     before attending (what the kernel's fp16 tl.dot operands do), for error budgets in tests."""
     out = torch.empty_like(q)
     T = cache.block_size

@@ -548,9 +548,10 @@ def tile_tokens(group: int) -> int:
     return max(1, TILE_ROWS // group)
 
 
-def query_tiles(query_lens: list[int], group: int) -> tuple[list[int], list[int]]:
-    """The tiles of a step whose sequences bring `query_lens` consecutive query rows each: (starts, counts)."""
-    block_q, starts, counts, row = tile_tokens(group), [], [], 0
+def query_tiles(query_lens: list[int], block_q: int) -> tuple[list[int], list[int]]:
+    """The tiles of at most `block_q` rows (`tile_tokens(group)` for `paged_tiles_attention`) of a step whose
+    sequences bring `query_lens` consecutive query rows each: (starts, counts)."""
+    starts, counts, row = [], [], 0
     for n in query_lens:
         for first in range(0, n, block_q):
             starts.append(row + first)

@@ -170,6 +170,35 @@ def test_a_window_across_slots_after_the_rows_closed_blocks():
     _check(q, case, num_splits=2)
 
 
+@pytest.mark.parametrize("group", [3, 8])
+def test_a_prompt_chunk_in_tiles_of_rows_each_causal(group):
+    # a prompt chunk's 45 rows after 2 compressed blocks, its tokens in a run of two window slots, read in tiles of
+    # up to 8 rows (one program reads each compressed tile for the tile's rows), beside a decode row of another
+    # sequence and an unused tile: each row sees the tokens before its own length (a tile's rows differ), as the
+    # reference reads them row by row
+    gen = torch.Generator().manual_seed(19)
+    H, D, T, n = 2, 64, 32, 45
+    kv = lambda m, **kw: random_kv((m, H, D), torch.float16, gen, **kw)  # noqa: E731
+    k_blocks = [[kv(T), kv(T)], [kv(T) for _ in range(3)]]
+    v_blocks = [[kv(T, channel_outliers=0) for _ in ks] for ks in k_blocks]
+    chunk_k, chunk_v = kv(n), kv(n, channel_outliers=0)
+    case = build_alrkvd_case(k_blocks, v_blocks, [kv(0), kv(5)], [kv(0), kv(5, channel_outliers=0)], gen,
+                             block_size=T, num_slots=3)
+    for name, x in (("window_k", chunk_k), ("window_v", chunk_v)):  # the run: slots 3 and 4
+        case[name] = torch.cat([case[name], torch.zeros(2, T, H, D, dtype=torch.float16)])
+        case[name].view(-1, H, D)[3 * T:3 * T + n] = x
+    rows = [0] * n + [1]
+    case["block_tables"] = case["block_tables"][rows]
+    case["seq_lens"] = torch.tensor([2 * T + i + 1 for i in range(n)] + [3 * T + 5], dtype=torch.int32)
+    case["window_slots"] = torch.tensor([3] * n + [int(case["window_slots"][1])], dtype=torch.int32)
+    case["closed"] = torch.tensor([2] * n + [3], dtype=torch.int32)
+    starts = list(range(0, n, 8)) + [n, 0]
+    case["tile_starts"] = torch.tensor(starts, dtype=torch.int32)
+    case["tile_counts"] = torch.tensor([min(8, n - s) for s in starts[:-2]] + [1, 0], dtype=torch.int32)
+    q = random_kv((n + 1, H * group, D), torch.float16, gen)
+    _check(q, case, num_splits=2)
+
+
 @pytest.mark.parametrize("options", [
     {"k_bits": 4, "v_bits": 2},
     {"k_bits": 8, "v_bits": 4},

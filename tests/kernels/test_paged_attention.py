@@ -13,7 +13,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernels.paged_attention import (paged_decode_attention, paged_decode_attention_ref, paged_tiles_attention,  # noqa: E402
-                                     query_tiles, store_kv, store_kv_ref, wave_num_splits)
+                                     query_tiles, store_kv, store_kv_ref, tile_tokens,
+                                     wave_num_splits)
 
 TOL = {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.5e-2, 1.6e-2), torch.float32: (1e-4, 1e-4)}
 
@@ -170,7 +171,7 @@ def test_query_tiles_equal_decode_rows(group, dtype, num_splits):
     tables = seq_tables[[i for i, _ in rows]]
     seq_lens = torch.tensor([pos + 1 for _, pos in rows], dtype=torch.int32)
     q = random_kv((len(rows), num_kv_heads * group, head_dim), dtype, gen)
-    starts, counts = query_tiles(chunks, group)
+    starts, counts = query_tiles(chunks, tile_tokens(group))
     starts, counts = starts + [0, 0], counts + [0, 0]
     args = [t.to(DEVICE) for t in (q, k_cache, v_cache, tables, seq_lens)]
     tiles = [torch.tensor(x, dtype=torch.int32, device=DEVICE) for x in (starts, counts)]
