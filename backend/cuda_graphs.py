@@ -27,7 +27,9 @@ does, at start-up).
 
 What a graph cannot hold runs eagerly: larger steps (a prompt alone, in chunks of up to
 `max_num_batched_tokens`), windowed formats' prompt chunks that cross a block's end without `piecewise` (prompts
-with nobody decoding beside them, which the scheduler does not cut). The blocks a step fills, which
+with nobody decoding beside them, which the scheduler does not cut), and windowed formats' prompt rows over long
+compressed histories (`GRAPH_MAX_HISTORY_READS`: each tile of rows would read the whole history through the decode
+kernel, where an eager step rebuilds it once for flash attention). The blocks a step fills, which
 `PagedKVCache.commit` compresses after it, replay graphs of their own (`CompressGraphs`, ALR-KVD), two around the
 one call in which the host waits.
 Models whose experts stream from host memory are captured when the device decides which experts to copy
@@ -43,6 +45,12 @@ from backend.kv_cache import AttentionBatch, PagedKVCache, SeqKV
 from backend.model import MoE, Transformer
 
 TOKEN_SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048)  # graph sizes of steps with prompt chunks, up to max_tokens
+# A windowed format's mixed graph reads a prompt chunk's rows through the decode kernel, each tile of rows over the
+# whole compressed history: past this many (row, history token) pairs a step runs eagerly, where the history is
+# rebuilt once and read by flash attention. H100, Qwen3-30B-A3B, ALR-KVD (journal 2026-12-06 26b): a 248-token chunk
+# beside 8 decodes after 2,048 tokens (0.5M pairs) 51.5 ms as a graph against 85.2 eagerly, after 8,192 (2.0M) 111.0
+# against 89.9; a 2,044-token chunk after 12,288 (25M) 541 against 147 (fp16's graph 119).
+GRAPH_MAX_HISTORY_READS = 1_500_000
 
 
 class StepGraphs:
@@ -103,6 +111,8 @@ class StepGraphs:
             across = any(n > limit(s) for s, n in zip(batch.seqs, batch.query_lens))
             if T > self.max_tokens or (across and not self.piecewise):
                 return None  # too large, or (windowed formats) a prompt in chunks across blocks
+            if not across and self.cache.history_reads(batch) > GRAPH_MAX_HISTORY_READS:
+                return None  # prompt rows over long compressed histories: eager, the history rebuilt once
             size = next(s for s in self.token_sizes if s >= T)
             # padding rows write into the cache's scratch block (windowed formats: its scratch window slot)
             place = (self.cache.scratch_block, self.cache.scratch_slot)

@@ -505,19 +505,36 @@ class PagedKVCache:
         blocks = self.run_blocks if id(seq) in self._runs or free else 1
         return blocks * self.block_size - seq.num_tokens % self.block_size
 
+    def history_reads(self, batch: AttentionBatch) -> int:
+        """Tokens of compressed history that a step's prompt rows read through a windowed format's decode kernel
+        (`mixed_rows_supported`): each row of a chunk reads the blocks closed before its chunk. 0 for page-addressed
+        formats (their tiles kernel reads a history once per tile, at fp16's speed)."""
+        if not self.windowed:
+            return 0
+        bs = self.block_size
+        return sum(n * (seq.num_tokens // bs * bs) for seq, n in zip(batch.seqs, batch.query_lens) if n > 1)
+
     def new_prompt_chunks(self, tokens: int) -> list[int]:
         """How such a step takes `tokens` prompt tokens of sequences that start at a block's start: one chunk,
         or (windowed formats) chunks of a block each."""
         bs = self.block_size
         return [bs] * (tokens // bs) + [tokens % bs] * (tokens % bs > 0) if self.windowed else [tokens]
 
+    @property
+    def tile_rows(self) -> int:
+        """Query rows per tile where a step's rows attend in tiles: the tiles kernel's, or a windowed format's decode
+        kernel's that reads a prompt chunk's rows so (`FormatKernels.tile_rows`); 0: row by row."""
+        if self.tiles_kernel is not None:
+            from kernels.paged_attention import tile_tokens
+            return tile_tokens(self.cfg.num_heads // self.cfg.num_kv_heads)
+        if self.decode_kernel is not None and self.kernels.tile_rows is not None:
+            return self.kernels.tile_rows(self.kernel_layers[0], self.cfg.num_heads, torch.device(self.device))
+        return 0
+
     def num_tiles(self, rows: int, num_seqs: int) -> int:
         """The most query tiles a step of `rows` rows over at most `num_seqs` sequences (and padding) needs;
-        0 where rows are read as decodes (windowed formats)."""
-        if self.windowed:
-            return 0
-        from kernels.paged_attention import tile_tokens
-        return rows // tile_tokens(self.cfg.num_heads // self.cfg.num_kv_heads) + num_seqs + 2
+        0 where rows are read one by one (`tile_rows`)."""
+        return rows // self.tile_rows + num_seqs + 2 if self.tile_rows else 0
 
     def build_decode_meta(self, batch: AttentionBatch, static: dict | None = None,
                           pad: tuple[int, int, int] = (0, 0, 0), num_tiles: int = 0) -> dict:
@@ -556,7 +573,7 @@ class PagedKVCache:
             host["closed"] = closed.to(torch.int32)
         if num_tiles:
             from kernels.paged_attention import query_tiles
-            starts, counts = query_tiles(query_lens, self.cfg.num_heads // self.cfg.num_kv_heads)
+            starts, counts = query_tiles(query_lens, self.tile_rows)
             assert len(starts) <= num_tiles, (len(starts), num_tiles)
             unused = [0] * (num_tiles - len(starts))
             host["tile_starts"] = torch.tensor(starts + unused, dtype=torch.int32)
@@ -652,9 +669,12 @@ class PagedKVCache:
             if self.decode_kernel is None:
                 return self._attend_windows(layer, q, meta)
             rope = (self.rotary.cos, self.rotary.sin) if self.rope_on_read else ()  # keys kept before RoPE
-            runs = {"closed": meta["closed"]} if "closed" in meta else {}  # (steps with prompt rows)
+            # steps with prompt rows: each row's closed blocks (runs), and the rows in tiles of a sequence's rows
+            rows = {k: meta[k] for k in ("closed", "tile_starts", "tile_counts") if k in meta}
+            if "tile_starts" in rows:
+                q = q.contiguous()  # rows as heads of [rows x Hq]
             return self.decode_kernel(q, self.kernel_layers[layer], self.window_k[layer], self.window_v[layer],
-                                      meta["tables"], meta["seq_lens"], meta["window_slots"], *rope, scale, **runs)
+                                      meta["tables"], meta["seq_lens"], meta["window_slots"], *rope, scale, **rows)
         if self.use_triton and self.kernels is not None and self.kernels.stores_as_is:  # kept as they come
             self.store_kv(k_rot, v, *self.kernel_layers[layer], meta["block_ids"], meta["offsets"])
         else:

@@ -214,6 +214,13 @@ def dummy_engine(name: str, kv_format: str, **args) -> LLMEngine:
                                 **{"max_num_batched_tokens": 8192, **MAX_MODEL_LEN, **ROUTING, **args}))
 
 
+def rows_one_by_one(engine: LLMEngine) -> LLMEngine:
+    """The ALR-KVD decode kernel reading a prompt chunk's rows one by one in mixed graph steps, as before it read
+    them in tiles (a same-run baseline): the graphs' buffers stay, no step gets tiles."""
+    engine.cache.kernels = engine.cache.kernels._replace(tile_rows=None)
+    return engine
+
+
 def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv_formats=("fp16",),
               modes=("graphs",)) -> list[dict]:
     """`expert_fractions` below 1: the routed experts stream from pinned host memory through a
@@ -341,8 +348,11 @@ def bench_gpu_mixed(name: str, batches, contexts, step_tokens: int, steps: int, 
     step through the graph runner (the tiles kernel in one graph; windowed formats: every row read by the decode
     kernel in one graph, or with `piecewise` graph pieces and the attention eager between them) and eagerly (the
     PyTorch path, prompt chunks sequence by sequence); medians of `steps` turns."""
+    kv_format, _, arm = kv_format.partition(":")  # "alrkvd-gpu:rows": a chunk's rows one by one
     engine = dummy_engine(name, kv_format, kv_budget_bytes=8 << 30, max_num_seqs=64,  # (fits an H100)
                           cuda_graph_max_tokens=step_tokens, piecewise_graphs=piecewise)
+    if arm == "rows":
+        rows_one_by_one(engine)
     graphs = engine.graphs
     cache = engine.cache
     rows = []
@@ -367,8 +377,9 @@ def bench_gpu_mixed(name: str, batches, contexts, step_tokens: int, steps: int, 
     for batch in batches:
         for context in contexts:
             chunk = step_tokens - batch
-            # after `context` cached tokens, a multiple of the block size
-            parts = [chunk] if graphs.piecewise else cache.new_prompt_chunks(chunk)
+            # after `context` cached tokens, a multiple of the block size; windowed formats' chunk in one run of
+            # window slots, or in graph pieces, or in chunks of a block each
+            parts = [chunk] if graphs.piecewise or cache.window_runs else cache.new_prompt_chunks(chunk)
             seqs = batch + len(parts)
             need = cache.blocks_needed(SeqKV(), seqs * (context + cache.block_size + chunk)) + seqs
             if need > cache.allocator.num_free:
@@ -389,8 +400,9 @@ def bench_gpu_mixed(name: str, batches, contexts, step_tokens: int, steps: int, 
             engine.graphs = graphs
             for r in rids:
                 engine.abort(r)
-            row = {"model": name, "kv_format": kv_format, "batch": batch, "context": context, "chunk": chunk,
-                   **{f"{m}_ms": statistics.median(v) for m, v in ms.items()}, "all_ms": ms}
+            row = {"model": name, "kv_format": kv_format + (":rows" if arm == "rows" else ""), "batch": batch,
+                   "context": context, "chunk": chunk, **{f"{m}_ms": statistics.median(v) for m, v in ms.items()},
+                   "all_ms": ms}
             row["graph_speedup"] = row["mixed_eager_ms"] / row["mixed_graph_ms"]
             row["mixed_over_decode"] = row["mixed_graph_ms"] / row["decode_ms"]
             print(json.dumps({k: v for k, v in row.items() if k != "all_ms"}), flush=True)

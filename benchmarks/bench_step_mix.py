@@ -27,17 +27,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.sampling import SamplingParams  # noqa: E402
-from benchmarks.bench_engine import dummy_engine  # noqa: E402
+from benchmarks.bench_engine import dummy_engine, rows_one_by_one  # noqa: E402
 
 TENANTS = {"chat": ((25, 50), 64), "summarize": ((400, 650), 128)}  # (prompt tokens, max tokens)
 KINDS = ("decode", "graph", "pieces", "eager")
 
 
 def served_engine(arm: str):
-    """`arm`: a KV format (`fp16`, `alrkvd-gpu`, ...), `:pieces` for piecewise graphs."""
+    """`arm`: a KV format (`fp16`, `alrkvd-gpu`, ...), `:pieces` for piecewise graphs, `:rows` for ALR-KVD's chunk
+    rows read one by one in mixed graphs (not in tiles)."""
     kv_format, _, mode = arm.partition(":")
-    return dummy_engine("qwen3-30b-a3b", kv_format, kv_budget_bytes=16 << 30, max_model_len=8192, max_num_seqs=32,
-                        max_num_batched_tokens=2048, piecewise_graphs=mode == "pieces")
+    engine = dummy_engine("qwen3-30b-a3b", kv_format, kv_budget_bytes=16 << 30, max_model_len=8192, max_num_seqs=32,
+                          max_num_batched_tokens=2048, piecewise_graphs=mode == "pieces")
+    return rows_one_by_one(engine) if mode == "rows" else engine
 
 
 def timed(fn, spent: dict, key: str):

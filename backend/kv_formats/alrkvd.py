@@ -397,7 +397,7 @@ class ALRKVDFormat(KVFormat):
     def kernels(self, max_rows):
         """The decode kernel (kernels/alrkvd_attention.py) and, with it, the compression kernel (`encode_with_kernel`)
         and the rebuild of a sequence's blocks (`alrkvd_rebuild_blocks`) for the options the decode kernel reads."""
-        from kernels.alrkvd_attention import AlrkvdLayer, alrkvd_decode_attention, alrkvd_rebuild_blocks
+        from kernels.alrkvd_attention import AlrkvdLayer, alrkvd_decode_attention, alrkvd_rebuild_blocks, tile_rows
         try:
             layers = [AlrkvdLayer.from_format(self, i) for i in range(self.num_layers)]
         except NotImplementedError as e:  # options the kernel does not read
@@ -405,7 +405,7 @@ class ALRKVDFormat(KVFormat):
         # the kernel's merge tickets, zeros between calls: held here so a CUDA graph holds no memset
         tickets = torch.zeros(max_rows * self.num_kv_heads, dtype=torch.int32, device=self.device)
         return FormatKernels(functools.partial(alrkvd_decode_attention, tickets=tickets), layers,
-                             self.encode_with_kernel, rebuild=alrkvd_rebuild_blocks)
+                             self.encode_with_kernel, rebuild=alrkvd_rebuild_blocks, tile_rows=tile_rows)
 
     def compress_options(self):
         """The options the Triton compression kernel reads (kernels/alrkvd_compress.py); NotImplementedError for

@@ -29,6 +29,9 @@ class FormatKernels(NamedTuple):
     rebuild: Callable | None = None   # windowed formats: a sequence's closed blocks as dense keys (rotated) and
                                       # values in one launch (kernels.alrkvd_attention.alrkvd_rebuild_blocks); None:
                                       # the format's decode
+    tile_rows: Callable | None = None  # windowed formats whose `decode` reads a prompt chunk's rows in tiles
+                                       # (`tile_starts`): the most rows a tile holds, of (a `layers` entry, query
+                                       # heads, device) (kernels.alrkvd_attention.tile_rows); None: row by row
 
 
 class KVFormat:

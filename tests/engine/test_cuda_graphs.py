@@ -12,13 +12,14 @@ import json  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from backend import cuda_graphs  # noqa: E402
 from backend.cuda_graphs import CompressGraphs, StepGraphs  # noqa: E402
 from backend.engine import EngineArgs, LLMEngine  # noqa: E402
 from backend.engine import LOCALITY  # noqa: E402
 from backend.model import MoE, local_routes  # noqa: E402
 from backend.sampling import SamplingParams  # noqa: E402
 from backend.step_cost import StepCost  # noqa: E402
-from kernels.alrkvd_attention import alrkvd_decode_attention_ref, kernel_options  # noqa: E402
+from kernels.alrkvd_attention import alrkvd_decode_attention_ref, kernel_options, tile_rows  # noqa: E402
 from kernels.kivi_attention import kivi_decode_attention_ref  # noqa: E402
 from kernels.paged_attention import paged_decode_attention_ref  # noqa: E402
 
@@ -29,7 +30,30 @@ QWEN3_MOE = dict(model_type="qwen3_moe", vocab_size=512, hidden_size=128, num_hi
                  num_key_value_heads=2, head_dim=64, intermediate_size=256, moe_intermediate_size=64, num_experts=8,
                  num_experts_per_tok=2, norm_topk_prob=True, rms_norm_eps=1e-6, rope_theta=1e6,
                  max_position_embeddings=1024, tie_word_embeddings=False)
-REFERENCES = {"fp16": paged_decode_attention_ref, "alrkvd": alrkvd_decode_attention_ref,
+TILED = {"rows": 0}  # rows the ALR-KVD reference took in tiles
+
+
+def alrkvd_rows_ref(q, cache, window_k, window_v, tables, seq_lens, window_slots, cos, sin, scale, closed=None,
+                    tile_starts=None, tile_counts=None, **kwargs):
+    """`alrkvd_decode_attention`'s contract, row by row, after checking what it asks of the tiles of a step's rows:
+    each row in one tile, a tile's rows consecutive rows of one sequence (the same table, window slot and closed
+    blocks as its first row, lengths that never fall), at most `tile_rows` of them."""
+    if tile_starts is not None:
+        covered = []
+        for start, n in zip(tile_starts.tolist(), tile_counts.tolist()):
+            assert n <= tile_rows(cache, q.shape[1], q.device)
+            rows = list(range(start, start + n))
+            covered += rows
+            for r in rows[1:]:
+                assert torch.equal(tables[r], tables[start]) and window_slots[r] == window_slots[start]
+                assert seq_lens[r] >= seq_lens[r - 1] and (closed is None or closed[r] == closed[start])
+        assert sorted(covered) == list(range(q.shape[0]))
+        TILED["rows"] += q.shape[0]
+    return alrkvd_decode_attention_ref(q, cache, window_k, window_v, tables, seq_lens, window_slots, cos, sin, scale,
+                                       closed=closed, **kwargs)
+
+
+REFERENCES = {"fp16": paged_decode_attention_ref, "alrkvd": alrkvd_rows_ref,
               "kivi4": kivi_decode_attention_ref}
 
 
@@ -183,11 +207,14 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format, piecewi
     engine.graphs = StepGraphs(engine.model, engine.cache, 4, engine.max_model_len, max_tokens=2 * bs,
                                capture=DEVICE == "cuda", piecewise=piecewise)
     engine.graphs.capture_all()
+    TILED["rows"] = 0
     assert ("mixed", 2 * bs) in engine.graphs.graphs
     assert (("pieces", 2 * bs) in engine.graphs.graphs) == (piecewise and DEVICE == "cuda")
     tokens, plans = generate()
     assert tokens == expected and plans == eager_plans
     assert torch.equal(engine.routing_counts(), eager_counts)
+    # ALR-KVD's mixed graphs read a chunk's rows in tiles (on CPU through the reference that checks them)
+    assert (TILED["rows"] > 0) == (kv_format == "alrkvd" and DEVICE == "cpu")
     mixed = [p for p in plans if min(n for _, n in p) == 1 and max(n for _, n in p) > 1]  # chunks beside decodes
     within = [all(start % bs + n <= bs for start, n in p) for p in mixed]  # the mixed graph's steps
     across = piecewise or kv_format == "alrkvd"  # and ones with a chunk across blocks (pieces, or a run)
@@ -195,6 +222,36 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format, piecewi
     assert any((start + n) % bs == 0 for p in mixed for start, n in p)  # and rows that close their block
     cache = engine.cache
     assert cache.allocator.num_free == cache.allocator.num_blocks and len(cache.free_slots) == engine.args.max_num_seqs
+
+
+def test_prompt_rows_over_long_compressed_histories_run_eagerly(tmp_path, monkeypatch):
+    """A mixed step whose prompt rows would read more compressed history through the decode kernel than
+    `GRAPH_MAX_HISTORY_READS` (here: any) runs eagerly, its history rebuilt once; the others replay the mixed graph.
+    The tokens are the eager steps'."""
+    monkeypatch.setattr(cuda_graphs, "GRAPH_MAX_HISTORY_READS", 0)
+    engine = engine_for(tmp_path, QWEN3_MOE, "alrkvd")
+    bs = engine.cache.block_size
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (bs - 4, bs + 20, 3 * bs + 7, bs - 3)]
+    engine.graphs = StepGraphs(engine.model, engine.cache, 0, engine.max_model_len, max_tokens=2 * bs, capture=False)
+    expected, eager_plans = generate_with_arrivals(engine, prompts, bs + 4, (2, 4))
+    engine.graphs = StepGraphs(engine.model, engine.cache, 4, engine.max_model_len, max_tokens=2 * bs,
+                               capture=DEVICE == "cuda")
+    engine.graphs.capture_all()
+    replays, run = [], engine.graphs.run
+
+    def recorded(tokens, positions, batch):
+        reads = engine.cache.history_reads(batch)
+        hidden = run(tokens, positions, batch)
+        if any(n > 1 for n in batch.query_lens) and any(n == 1 for n in batch.query_lens):  # chunks beside decodes
+            replays.append((reads, hidden is not None))
+        return hidden
+
+    engine.graphs.run = recorded
+    tokens, plans = generate_with_arrivals(engine, prompts, bs + 4, (2, 4))
+    assert tokens == expected and plans == eager_plans
+    assert all(replayed == (reads == 0) for reads, replayed in replays)
+    assert {replayed for _, replayed in replays} == {True, False}
 
 
 @pytest.mark.parametrize("kv_format, runs", [("alrkvd", True), ("kivi4", False)])
