@@ -68,9 +68,6 @@ class StepGraphs:
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
         self.positions = torch.zeros(rows, dtype=torch.long, device=device)
         self.valid = torch.zeros(rows, dtype=torch.bool, device=device)  # mixed steps: the step's rows, not padding
-        self.piecewise = piecewise and bool(self.max_tokens) and cache.windowed
-        if not self.piecewise and self.max_tokens:  # windowed formats: chunks across blocks in runs of window slots
-            cache.add_window_runs(self.max_tokens, max_len)  # (before the buffers: runs add some)
         self.meta = cache.decode_buffers(rows, max_len, cache.num_tiles(self.max_tokens, max_batch) if self.max_tokens else 0)
         # routed-token counters add one per (token, expert) pair: zeros for a graph's padding rows
         self.routed_ones = next((m.routed_ones for m in model.modules()
@@ -79,6 +76,9 @@ class StepGraphs:
         self.graphs: dict[tuple[str, int], tuple | None] = {}  # ("decode", B), ("mixed", T) -> (graph, hidden);
         # ("pieces", T) -> ([graph per stretch between attentions], hidden)
         self.pool = None  # one memory pool shared by every graph (they never run at once)
+        self.piecewise = piecewise and bool(self.max_tokens) and cache.windowed
+        if not self.piecewise and self.max_tokens:  # windowed formats: chunks across blocks in runs of window slots
+            cache.add_window_runs(self.max_tokens, max_len)
         # the blocks a step fills, compressed at commit: two graphs around the host's wait (ALR-KVD)
         kernel = cache.use_triton and cache.compress_blocks is not None
         self.compression = CompressGraphs(cache, capture) if kernel else None
