@@ -78,7 +78,7 @@ class StepGraphs:
         self.pool = None  # one memory pool shared by every graph (they never run at once)
         self.piecewise = piecewise and bool(self.max_tokens) and cache.windowed
         if not self.piecewise and self.max_tokens:  # windowed formats: chunks across blocks in runs of window slots
-            cache.add_window_runs(self.max_tokens, max_len)
+            cache.add_window_runs(self.max_tokens)
         # the blocks a step fills, compressed at commit: two graphs around the host's wait (ALR-KVD)
         kernel = cache.use_triton and cache.compress_blocks is not None
         self.compression = CompressGraphs(cache, capture) if kernel else None

@@ -151,7 +151,6 @@ class PagedKVCache:
         self.window_runs: list[int] = []     # first slots of the runs (`add_window_runs`)
         self.run_blocks = 1                  # slots per run
         self._runs: dict[int, int] = {}      # id(SeqKV) -> the first slot of the run its chunk takes this step
-        self.run_scratch = None              # a run's history rebuilt for flash attention (`add_window_runs`)
         self.kv_format = kv_format
         # Fused decode attention on CUDA (kernels/): the format's kernels; the PyTorch path everywhere else and for
         # prefill. The views of its storage that they read are made on every device (a test swaps in the references).
@@ -228,19 +227,12 @@ class PagedKVCache:
             self._compressing.record()
 
     # ---- window runs: a prompt chunk across blocks in one graph step ----------------------------------------
-    def add_window_runs(self, rows: int, max_len: int, runs: int = 2):
+    def add_window_runs(self, rows: int, runs: int = 2):
         """Room for `runs` prompt chunks of up to `rows` rows across blocks in a step that reads every row as a
         decode (CUDA graphs with decodes beside): each a run of consecutive window slots, one per block the chunk
         touches, which the decode kernel reads as one window after the row's closed blocks (its `closed`). For
         windowed formats whose decode kernel takes `closed` (ALR-KVD). The slots come on top of the budget (two runs
-        of five slots: 31 MB for Qwen3-30B-A3B's 48 layers) and count in `allocated_bytes`.
-        With the format's rebuild kernel (keys compressed after RoPE), a run's rows attend by flash attention instead
-        (`_attend_runs`): per layer, its sequence's closed blocks rebuilt and its window tokens rotated into a
-        scratch region of ceil(max_len / block) blocks a run, read by the paged tiles kernel. The decode kernel would
-        read the whole compressed history once per tile of rows: on the H100 a 2,044-token chunk after 12,288 tokens
-        took 6.15 ms a layer in tiles, the history rebuilt and flash attention 0.85 (journal 2026-12-06 26b). The
-        scratch (one layer's, reused by every layer: 2 x 641 blocks, 168 MB for Qwen3-30B-A3B at 40,960 positions)
-        counts in `allocated_bytes`."""
+        of five slots: 31 MB for Qwen3-30B-A3B's 48 layers) and count in `allocated_bytes`."""
         blocks = -(-(rows - 1) // self.block_size) + 1
         if (not self.windowed or self.decode_kernel is None or blocks <= 1 or len(self.window_runs) >= runs
                 or "closed" not in inspect.signature(self.decode_kernel).parameters):
@@ -251,13 +243,6 @@ class PagedKVCache:
         self.window_k, self.window_v = (torch.cat([w, extra], dim=1) for w in (self.window_k, self.window_v))
         self.window_runs = [self.num_sequence_slots + i * blocks for i in range(runs)]
         self.run_blocks = blocks
-        layer0 = self.kernel_layers[0] if self.kernel_layers else None
-        if self.kernels.rebuild is not None and getattr(layer0, "rotated_keys", False):
-            width = -(-max_len // self.block_size)  # a run's region: the sequence's blocks, closed and in the run
-            shape = (runs * width + 1, *self.window_k.shape[2:])  # (+ a block that padding rows write)
-            self.run_scratch = tuple(torch.zeros(shape, dtype=self.window_k.dtype, device=self.window_k.device)
-                                     for _ in range(2))
-            self.run_tables = (torch.arange(runs)[:, None] * width + torch.arange(width)).int().to(self.device)
 
     def release_runs(self):
         """Before a step is planned: no chunk holds a run."""
@@ -522,14 +507,12 @@ class PagedKVCache:
 
     def history_reads(self, batch: AttentionBatch) -> int:
         """Tokens of compressed history that a step's prompt rows read through a windowed format's decode kernel
-        (`mixed_rows_supported`): each row of a chunk reads the blocks closed before its chunk, unless a run holds the
-        chunk and its history is rebuilt (`_attend_runs`). 0 for page-addressed formats (their tiles kernel reads a
-        history once per tile, at fp16's speed)."""
+        (`mixed_rows_supported`): each row of a chunk reads the blocks closed before its chunk. 0 for page-addressed
+        formats (their tiles kernel reads a history once per tile, at fp16's speed)."""
         if not self.windowed:
             return 0
-        bs, flash = self.block_size, self.run_scratch is not None
-        return sum(n * (seq.num_tokens // bs * bs) for seq, n in zip(batch.seqs, batch.query_lens)
-                   if n > 1 and not (flash and id(seq) in self._runs))
+        bs = self.block_size
+        return sum(n * (seq.num_tokens // bs * bs) for seq, n in zip(batch.seqs, batch.query_lens) if n > 1)
 
     def new_prompt_chunks(self, tokens: int) -> list[int]:
         """How such a step takes `tokens` prompt tokens of sequences that start at a block's start: one chunk,
@@ -588,19 +571,13 @@ class PagedKVCache:
             closed = torch.where(in_run, chunk_first, closed)
         if any(n > 1 for n in batch.query_lens) and self.window_runs:  # the kernel takes each row's closed blocks
             host["closed"] = closed.to(torch.int32)
-        # steps with prompt rows where runs attend by flash attention (`_attend_runs`): every such step (one graph
-        # a size), with or without a run
-        run_of = [None if r is None or self.run_scratch is None or "closed" not in host else self.window_runs.index(r)
-                  for r in runs] + [None]
-        if self.run_scratch is not None and "closed" in host:
-            host.update(self._run_plan(batch, first, runs, run_of, seq_of_row))
-            run_tiles = (static or {}).get("run_tile_starts")
-            host["run_tile_starts"], host["run_tile_counts"] = self._tiles(
-                query_lens, [r is not None for r in run_of], self._flash_tile_rows(),
-                len(query_lens) + len(pos) if run_tiles is None else run_tiles.shape[0])
-        if num_tiles:  # (the rows of runs go to `_attend_runs` instead)
-            host["tile_starts"], host["tile_counts"] = self._tiles(query_lens, [r is None for r in run_of],
-                                                                   self.tile_rows, num_tiles)
+        if num_tiles:
+            from kernels.paged_attention import query_tiles
+            starts, counts = query_tiles(query_lens, self.tile_rows)
+            assert len(starts) <= num_tiles, (len(starts), num_tiles)
+            unused = [0] * (num_tiles - len(starts))
+            host["tile_starts"] = torch.tensor(starts + unused, dtype=torch.int32)
+            host["tile_counts"] = torch.tensor(counts + unused, dtype=torch.int32)
         if static is None:
             meta = {k: v.to(dev) for k, v in host.items()}
         else:  # the rows of this batch; table columns past its widest sequence are never read
@@ -622,53 +599,6 @@ class PagedKVCache:
         elif self.decode_kernel is None:
             meta.update(self._window_plan(batch.seqs))
         return meta
-
-    @staticmethod
-    def _tiles(query_lens: list[int], keep: list[bool], rows: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The tiles of at most `rows` rows of the sequences `keep` marks, padded to `size` tiles of no row."""
-        from kernels.paged_attention import query_tiles
-        starts, counts, row = [], [], 0
-        for n, k in zip(query_lens, keep):
-            if k:
-                s, c = query_tiles([n], rows)
-                starts += [row + x for x in s]
-                counts += c
-            row += n
-        assert len(starts) <= size, (len(starts), size)
-        unused = [0] * (size - len(starts))
-        return torch.tensor(starts + unused, dtype=torch.int32), torch.tensor(counts + unused, dtype=torch.int32)
-
-    def _flash_tile_rows(self) -> int:
-        from kernels.paged_attention import tile_tokens
-        return tile_tokens(self.cfg.num_heads // self.cfg.num_kv_heads)
-
-    def _run_plan(self, batch: AttentionBatch, first: list[int], runs: list, run_of: list, seq_of_row) -> dict:
-        """What `_attend_runs` reads of a step: per row its run (`run_rows`, `run_of_row`); per run its sequence's
-        closed blocks (`hist_blocks`, `hist_count`: those before the chunk) and where each of its window tokens, from
-        the first block's start to the chunk's end, comes from (`win_src`, a row of the flattened window slots), goes
-        to (`win_dst`, a row of the flattened scratch: its block in the run's region) and its position (`win_pos`);
-        unused entries copy the scratch slot's first token into the scratch's last block."""
-        bs = self.block_size
-        n_runs, width = self.run_tables.shape
-        span = self.run_blocks * bs
-        hist = torch.zeros(n_runs, width, dtype=torch.int32)
-        count = torch.zeros(n_runs, dtype=torch.int32)
-        src = torch.full((n_runs, span), self.scratch_slot * bs)
-        dst = torch.full((n_runs, span), n_runs * width * bs)
-        pos = torch.zeros(n_runs, span, dtype=torch.long)
-        for i, (seq, n, r) in enumerate(zip(batch.seqs, batch.query_lens, run_of)):
-            if r is None:
-                continue
-            c = first[i] // bs
-            hist[r, :c] = torch.tensor(seq.block_table[:c], dtype=torch.int32)
-            count[r] = c
-            p = torch.arange(c * bs, first[i] + n)
-            src[r, :len(p)] = (runs[i] + p // bs - c) * bs + p % bs
-            dst[r, :len(p)] = (r * width + p // bs) * bs + p % bs
-            pos[r, :len(p)] = p
-        of_row = torch.tensor([-1 if r is None else r for r in run_of])[seq_of_row]
-        return {"run_rows": of_row >= 0, "run_of_row": of_row.clamp(min=0), "hist_blocks": hist, "hist_count": count,
-                "win_src": src.flatten(), "win_dst": dst.flatten(), "win_pos": pos.flatten()}
 
     def _window_plan(self, seqs: list[SeqKV]) -> dict:
         """How a windowed format's PyTorch decode step reads every sequence at once (`_attend_windows`): the
@@ -719,42 +649,12 @@ class PagedKVCache:
         """Static device buffers for `build_decode_meta` of up to `max_rows` query rows (and sequences) of up to
         `max_len` tokens, in up to `max_tiles` tiles."""
         z = lambda *shape, dtype=torch.long: torch.zeros(shape, dtype=dtype, device=self.device)  # noqa: E731
-        buffers = {"block_ids": z(max_rows), "offsets": z(max_rows),
-                   "tables": z(max_rows, -(-max_len // self.block_size), dtype=torch.int32),
-                   "seq_lens": z(max_rows, dtype=torch.int32), "window_slots": z(max_rows, dtype=torch.int32),
-                   "window_rows": z(max_rows), "closed": z(max_rows, dtype=torch.int32),
-                   "tile_starts": z(max_tiles, dtype=torch.int32),
-                   "tile_counts": z(max_tiles, dtype=torch.int32)}
-        if self.run_scratch is not None:  # (`_run_plan`)
-            n_runs, width = self.run_tables.shape
-            span, run_tiles = n_runs * self.run_blocks * self.block_size, max_rows // self._flash_tile_rows() + n_runs
-            buffers.update(run_rows=z(max_rows, dtype=torch.bool), run_of_row=z(max_rows),
-                           hist_blocks=z(n_runs, width, dtype=torch.int32), hist_count=z(n_runs, dtype=torch.int32),
-                           win_src=z(span), win_dst=z(span), win_pos=z(span),
-                           run_tile_starts=z(run_tiles, dtype=torch.int32),
-                           run_tile_counts=z(run_tiles, dtype=torch.int32))
-        return buffers
-
-    def _attend_runs(self, layer: int, q: torch.Tensor, meta: dict, scale: float) -> torch.Tensor:
-        """The rows of a step's run-held chunks (`add_window_runs`): each run's sequence's closed blocks rebuilt (keys
-        rotated) and its window tokens rotated into the run's scratch region, then the paged tiles kernel over it,
-        every row causal by its own length. Rows of no run: whatever the kernel leaves there."""
-        from kernels.paged_attention import paged_tiles_attention
-        scratch_k, scratch_v = self.run_scratch
-        flat_k, flat_v = scratch_k.flatten(0, 1), scratch_v.flatten(0, 1)
-        n_runs, width = self.run_tables.shape
-        region = width * self.block_size
-        for r in range(n_runs):
-            rows = slice(r * region, (r + 1) * region)
-            self.kernels.rebuild(self.kernel_layers[layer], meta["hist_blocks"][r], self.rotary.cos, self.rotary.sin,
-                                 self.dtype, out=(flat_k[rows], flat_v[rows]), count=meta["hist_count"][r:r + 1])
-        src, pos = meta["win_src"], meta["win_pos"]
-        k = self.window_k[layer].flatten(0, 1)[src]
-        k = self.rotary.rotate(k, *(t[pos][:, None].to(k.dtype) for t in (self.rotary.cos, self.rotary.signed_sin)))
-        flat_k.index_copy_(0, meta["win_dst"], k)
-        flat_v.index_copy_(0, meta["win_dst"], self.window_v[layer].flatten(0, 1)[src])
-        return paged_tiles_attention(q, scratch_k, scratch_v, self.run_tables[meta["run_of_row"]], meta["seq_lens"],
-                                     meta["run_tile_starts"], meta["run_tile_counts"], scale)
+        return {"block_ids": z(max_rows), "offsets": z(max_rows),
+                "tables": z(max_rows, -(-max_len // self.block_size), dtype=torch.int32),
+                "seq_lens": z(max_rows, dtype=torch.int32), "window_slots": z(max_rows, dtype=torch.int32),
+                "window_rows": z(max_rows), "closed": z(max_rows, dtype=torch.int32),
+                "tile_starts": z(max_tiles, dtype=torch.int32),
+                "tile_counts": z(max_tiles, dtype=torch.int32)}
 
     def _attend_decode(self, layer, q, k_store, k_rot, v, batch: AttentionBatch) -> torch.Tensor:
         """Query rows (one new token per sequence, or a graph step's prompt chunks too): write all of them at
@@ -773,11 +673,8 @@ class PagedKVCache:
             rows = {k: meta[k] for k in ("closed", "tile_starts", "tile_counts") if k in meta}
             if "tile_starts" in rows:
                 q = q.contiguous()  # rows as heads of [rows x Hq]
-            out = self.decode_kernel(q, self.kernel_layers[layer], self.window_k[layer], self.window_v[layer],
-                                     meta["tables"], meta["seq_lens"], meta["window_slots"], *rope, scale, **rows)
-            if "run_rows" in meta:  # the rows of runs: flash attention over their history rebuilt
-                out = torch.where(meta["run_rows"][:, None, None], self._attend_runs(layer, q, meta, scale), out)
-            return out
+            return self.decode_kernel(q, self.kernel_layers[layer], self.window_k[layer], self.window_v[layer],
+                                      meta["tables"], meta["seq_lens"], meta["window_slots"], *rope, scale, **rows)
         if self.use_triton and self.kernels is not None and self.kernels.stores_as_is:  # kept as they come
             self.store_kv(k_rot, v, *self.kernel_layers[layer], meta["block_ids"], meta["offsets"])
         else:
@@ -800,8 +697,7 @@ class PagedKVCache:
     def allocated_bytes(self) -> int:
         attn = 0 if self.window_attn is None else self.window_attn.numel() * self.window_attn.element_size()
         return sum(t.numel() * t.element_size() for t in self.format.tensors()) + attn + \
-            sum(t.numel() * t.element_size() for t in (self.window_k, self.window_v, self.sink_k, self.sink_v)) + \
-            sum(t.numel() * t.element_size() for t in self.run_scratch or ())
+            sum(t.numel() * t.element_size() for t in (self.window_k, self.window_v, self.sink_k, self.sink_v))
 
     def used_bytes(self) -> int:
         used_blocks = self.allocator.num_blocks - self.allocator.num_free

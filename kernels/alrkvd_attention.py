@@ -1040,40 +1040,6 @@ def _dense_residual(Resid, Rscale, Rzero, block, h, offs_t, offs_d, stride_rn, s
 
 @triton.jit
 def _alrkvd_rebuild_kernel(
-    Blocks, Count, Cos, Sin, Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero,
-    K_resid, K_rscale, K_rzero, V_resid, V_rscale, V_rzero, K_out, V_out,
-    stride_cos, stride_rn, stride_bn, stride_br, stride_bsn, stride_ln, stride_lt, stride_lr,
-    stride_krn, stride_krt, stride_krh, stride_ksn, stride_kst, stride_ksh,
-    stride_vrn, stride_vrt, stride_vrh, stride_vrc, stride_vsn, stride_vst, stride_vsh,
-    stride_on, stride_oh,
-    NUM_KV_HEADS: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_S: tl.constexpr, K_BITS: tl.constexpr, V_BITS: tl.constexpr, ROTATED_KEYS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, HAS_COUNT: tl.constexpr,
-):
-    """Grid (blocks, kv heads): block i of `Blocks` (a sequence's i-th, tokens at positions i * T + t) rebuilt for
-    one head as the decode kernel reads it: keys rotated, values, into rows i * T .. of K_out, V_out. HAS_COUNT: only
-    the first `Count[0]` blocks (a CUDA graph's grid is fixed, the history is not)."""
-    if HAS_COUNT:
-        if tl.program_id(0) < tl.load(Count):
-            _rebuild_block(Blocks, Cos, Sin, Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero,
-                           K_resid, K_rscale, K_rzero, V_resid, V_rscale, V_rzero, K_out, V_out,
-                           stride_cos, stride_rn, stride_bn, stride_br, stride_bsn, stride_ln, stride_lt, stride_lr,
-                           stride_krn, stride_krt, stride_krh, stride_ksn, stride_kst, stride_ksh,
-                           stride_vrn, stride_vrt, stride_vrh, stride_vrc, stride_vsn, stride_vst, stride_vsh,
-                           stride_on, stride_oh, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM, BLOCK_R, BLOCK_S, K_BITS, V_BITS,
-                           ROTATED_KEYS, DOT_PRECISION)
-    else:
-        _rebuild_block(Blocks, Cos, Sin, Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero,
-                       K_resid, K_rscale, K_rzero, V_resid, V_rscale, V_rzero, K_out, V_out,
-                       stride_cos, stride_rn, stride_bn, stride_br, stride_bsn, stride_ln, stride_lt, stride_lr,
-                       stride_krn, stride_krt, stride_krh, stride_ksn, stride_kst, stride_ksh,
-                       stride_vrn, stride_vrt, stride_vrh, stride_vrc, stride_vsn, stride_vst, stride_vsh,
-                       stride_on, stride_oh, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM, BLOCK_R, BLOCK_S, K_BITS, V_BITS,
-                       ROTATED_KEYS, DOT_PRECISION)
-
-
-@triton.jit
-def _rebuild_block(
     Blocks, Cos, Sin, Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero,
     K_resid, K_rscale, K_rzero, V_resid, V_rscale, V_rzero, K_out, V_out,
     stride_cos, stride_rn, stride_bn, stride_br, stride_bsn, stride_ln, stride_lt, stride_lr,
@@ -1084,6 +1050,8 @@ def _rebuild_block(
     BLOCK_S: tl.constexpr, K_BITS: tl.constexpr, V_BITS: tl.constexpr, ROTATED_KEYS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
+    """Grid (blocks, kv heads): block i of `Blocks` (a sequence's i-th, tokens at positions i * T + t) rebuilt for
+    one head as the decode kernel reads it: keys rotated, values, into rows i * T .. of K_out, V_out."""
     i = tl.program_id(0)
     h = tl.program_id(1)
     block = tl.load(Blocks + i).to(tl.int64)
@@ -1118,14 +1086,11 @@ def _rebuild_block(
 
 
 def alrkvd_rebuild_blocks(cache: AlrkvdLayer, blocks: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                          dtype: torch.dtype, out: tuple[torch.Tensor, torch.Tensor] | None = None,
-                          count: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                          dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys (rotated) and values `[len(blocks) * T, Hkv, D]` in `dtype` of closed blocks taken as a sequence's first
     blocks (token i at position i): `alrkvd_decode_blocks_ref`'s result in one launch, with the decode kernel's
     storage contract (`AlrkvdLayer`). For a prompt chunk's history: its attention then runs as flash attention over
-    these, where the decode kernel would read the compressed blocks once per query row. `out`: the (keys, values)
-    to write, at least that many rows (contiguous over heads and dims); `count` (int32 [1]): only the first
-    `count` blocks (the rest of `blocks` and their rows untouched; a CUDA graph's fixed grid). No host sync."""
+    these, where the decode kernel would read the compressed blocks once per query row. No host sync."""
     H, D, T = cache.num_kv_heads, cache.head_dim, cache.block_size
     assert blocks.dtype == torch.int32 and blocks.dim() == 1
     assert D & (D - 1) == 0 and T & (T - 1) == 0 and T >= 16, "head_dim and block_size: powers of two, T >= 16"
@@ -1133,18 +1098,13 @@ def alrkvd_rebuild_blocks(cache: AlrkvdLayer, blocks: torch.Tensor, cos: torch.T
     assert cache.k_resid.stride(-1) == 1
     assert cache.k_rzero.stride() == cache.k_rscale.stride() and cache.v_rzero.stride() == cache.v_rscale.stride()
     n = blocks.numel()
-    if out is None:
-        k_out = torch.empty(n * T, H, D, dtype=dtype, device=blocks.device)
-        out = k_out, torch.empty_like(k_out)
-    k_out, v_out = out
-    assert k_out.shape[0] >= n * T and k_out.shape[1:] == (H, D) and k_out.stride() == v_out.stride()
-    assert count is None or (count.dtype == torch.int32 and count.numel() == 1)
+    k_out = torch.empty(n * T, H, D, dtype=dtype, device=blocks.device)
+    v_out = torch.empty_like(k_out)
     if n == 0:
         return k_out, v_out
     assert cache.rotated_keys or cos.shape[0] >= n * T
     _alrkvd_rebuild_kernel[(n, H)](
-        blocks, blocks if count is None else count, cos, sin, cache.ranks, cache.basis, cache.basis_scale,
-        cache.latent, cache.latent_scale,
+        blocks, cos, sin, cache.ranks, cache.basis, cache.basis_scale, cache.latent, cache.latent_scale,
         cache.latent_zero, cache.k_resid, cache.k_rscale, cache.k_rzero, cache.v_resid, cache.v_rscale, cache.v_rzero,
         k_out, v_out,
         cos.stride(0), cache.ranks.stride(0), cache.basis.stride(0), cache.basis.stride(1), cache.basis_scale.stride(0),
@@ -1158,7 +1118,6 @@ def alrkvd_rebuild_blocks(cache: AlrkvdLayer, blocks: torch.Tensor, cos: torch.T
         BLOCK_S=triton.next_power_of_2(2 * H), K_BITS=cache.k_bits, V_BITS=cache.v_bits,
         ROTATED_KEYS=cache.rotated_keys, DOT_PRECISION="tf32" if blocks.is_cuda else "ieee",  # tf32: the decode
         # kernel's own operands are fp16
-        HAS_COUNT=count is not None,
         num_warps=4 if cache.rotated_keys else 8,  # sm_90 build (kernels.aot_check): 128 / 182 registers, no spill;
         # post_rope's second low-rank product at 4 warps spills 160 bytes
     )

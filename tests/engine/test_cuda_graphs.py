@@ -36,9 +36,8 @@ TILED = {"rows": 0}  # rows the ALR-KVD reference took in tiles
 def alrkvd_rows_ref(q, cache, window_k, window_v, tables, seq_lens, window_slots, cos, sin, scale, closed=None,
                     tile_starts=None, tile_counts=None, **kwargs):
     """`alrkvd_decode_attention`'s contract, row by row, after checking what it asks of the tiles of a step's rows:
-    a row in one tile at most (the rows of runs in none: `PagedKVCache._attend_runs` takes them), a tile's rows
-    consecutive rows of one sequence (the same table, window slot and closed blocks as its first row, lengths that
-    never fall), at most `tile_rows` of them."""
+    each row in one tile, a tile's rows consecutive rows of one sequence (the same table, window slot and closed
+    blocks as its first row, lengths that never fall), at most `tile_rows` of them."""
     if tile_starts is not None:
         covered = []
         for start, n in zip(tile_starts.tolist(), tile_counts.tolist()):
@@ -48,7 +47,7 @@ def alrkvd_rows_ref(q, cache, window_k, window_v, tables, seq_lens, window_slots
             for r in rows[1:]:
                 assert torch.equal(tables[r], tables[start]) and window_slots[r] == window_slots[start]
                 assert seq_lens[r] >= seq_lens[r - 1] and (closed is None or closed[r] == closed[start])
-        assert len(set(covered)) == len(covered) and set(covered) <= set(range(q.shape[0]))
+        assert sorted(covered) == list(range(q.shape[0]))
         TILED["rows"] += q.shape[0]
     return alrkvd_decode_attention_ref(q, cache, window_k, window_v, tables, seq_lens, window_slots, cos, sin, scale,
                                        closed=closed, **kwargs)
@@ -227,14 +226,13 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format, piecewi
 
 def test_prompt_rows_over_long_compressed_histories_run_eagerly(tmp_path, monkeypatch):
     """A mixed step whose prompt rows would read more compressed history through the decode kernel than
-    `GRAPH_MAX_HISTORY_READS` (here: any; a prompt's last 2 tokens within its second block) runs eagerly, its history
-    rebuilt once; the others replay the mixed graph, chunks in runs too (their history rebuilt in the graph). The
-    tokens are the eager steps'."""
+    `GRAPH_MAX_HISTORY_READS` (here: any) runs eagerly, its history rebuilt once; the others replay the mixed graph.
+    The tokens are the eager steps'."""
     monkeypatch.setattr(cuda_graphs, "GRAPH_MAX_HISTORY_READS", 0)
     engine = engine_for(tmp_path, QWEN3_MOE, "alrkvd")
     bs = engine.cache.block_size
     g = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (bs - 4, bs + 20, 2 * bs, bs - 3)]
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (bs - 4, bs + 20, 3 * bs + 7, bs - 3)]
     engine.graphs = StepGraphs(engine.model, engine.cache, 0, engine.max_model_len, max_tokens=2 * bs, capture=False)
     expected, eager_plans = generate_with_arrivals(engine, prompts, bs + 4, (2, 4))
     engine.graphs = StepGraphs(engine.model, engine.cache, 4, engine.max_model_len, max_tokens=2 * bs,
@@ -259,22 +257,18 @@ def test_prompt_rows_over_long_compressed_histories_run_eagerly(tmp_path, monkey
 @pytest.mark.parametrize("kv_format, runs", [("alrkvd", True), ("kivi4", False)])
 def test_runs_of_window_slots_are_counted_in_the_allocated_bytes_and_used_by_no_sequence(tmp_path, kv_format, runs):
     """Graphs that read every row as a decode give ALR-KVD two runs of window slots for chunks across blocks (its
-    decode kernel takes `closed`; KIVI's does not): as many slots as a graph step's chunk can touch, and a scratch
-    region a run where its history is rebuilt for one layer at a time (a block for each of the longest sequence's,
-    and one for padding), in the allocated bytes (beside the budget's), never in the used bytes or the sequences'
-    free slots."""
+    decode kernel takes `closed`; KIVI's does not): as many slots as a graph step's chunk can touch, in the allocated
+    bytes (beside the budget's), never in the used bytes or the sequences' free slots."""
     engine = engine_for(tmp_path, QWEN3_MOE, kv_format)
     cache = engine.cache
     bs, allocated, free = cache.block_size, cache.allocated_bytes(), list(cache.free_slots)
     StepGraphs(engine.model, cache, 4, engine.max_model_len, max_tokens=2 * bs, capture=False)
     slot = cache.window_k[:, 0].numel() * cache.window_k.element_size() * 2  # keys and values, every layer
-    scratch = (2 * -(-engine.max_model_len // bs) + 1) * slot // cache.cfg.num_layers  # one layer's
     assert len(cache.window_runs) == (2 if runs else 0) and cache.run_blocks == (3 if runs else 1)  # 2 * bs - 1 rows
-    added = 2 * 3 * slot + scratch if runs else 0
-    assert cache.allocated_bytes() - allocated == added
+    assert cache.allocated_bytes() - allocated == (2 * 3 * slot if runs else 0)
     assert cache.free_slots == free and cache.used_bytes() == 0
     StepGraphs(engine.model, cache, 4, engine.max_model_len, max_tokens=2 * bs, capture=False)  # (graphs again)
-    assert cache.allocated_bytes() - allocated == added
+    assert cache.allocated_bytes() - allocated == (2 * 3 * slot if runs else 0)
 
 
 def test_warm_up_runs_chunks_across_blocks_and_over_a_history_and_leaves_nothing_behind(tmp_path):
