@@ -55,13 +55,19 @@ kv head) to finish merges the partials (`kernels.paged_attention.merge_if_last`)
 L=4k on the H200 (BENCHMARKS.md section 2e; the paged and KIVI kernels measured slower with it and keep
 `decode_reduce`).
 
-In the code: `_alrkvd_decode_stage1` (the grid, the splits' tiles) runs `_window_partial` (the window's program) or
-`_blocks_partial` (a split of the closed tiles: `_query_operands` once, then per tile `_low_rank_scores` and
+Tiles of query rows (`tile_starts`, a prompt chunk's rows beside decodes in a mixed step): a program takes up to TILE_Q
+consecutive rows of one sequence, which share the closed blocks, and their (row, head) pairs are the columns of the
+same dots (the rows laid out as heads of [rows x Hq]), each row causal in the window by its own length: a compressed
+tile is unpacked once for TILE_Q rows (journal 2026-12-06 26b: 1.7x row by row after 12k tokens, but the history
+rebuilt and read by flash attention 7x faster still).
+
+In the code: `_alrkvd_decode_stage1` (a row, or a tile's rows) calls `_stage1_rows` (the grid, the splits' tiles),
+which runs `_window_partial` (the window's program) or `_blocks_partial` (a split of the closed tiles: `_query_operands` once, then per tile `_low_rank_scores` and
 `_residual_dots` for the keys, `_tile_weights` for the softmax, `_value_latents` and `_value_runs` for the values),
 then `merge_if_last`. The helpers are inlined when compiled: the same code as one function, but the line info
 (`-lineinfo`) that Triton gives ptxas, which can move an instruction here and there in the schedule.
 
-Public: `KERNEL_OPTIONS`, `kernel_options`, `AlrkvdLayer` (the per-layer views), `alrkvd_decode_attention`,
+Public: `KERNEL_OPTIONS`, `kernel_options`, `AlrkvdLayer` (the per-layer views), `alrkvd_decode_attention`, `tile_rows`,
 `alrkvd_decode_attention_ref`, `alrkvd_rebuild_blocks` (closed blocks to dense keys and values, for prefill). Nothing runs at import.
 """
 from __future__ import annotations
