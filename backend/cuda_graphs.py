@@ -12,12 +12,13 @@ Three kinds of step replay graphs:
   streamed in, for padding). Page-addressed formats attend with the tiles kernel
   (kernels/paged_attention.py `paged_tiles_attention`), which takes the prompt chunks' causal rows and the
   decodes in one launch;
-  windowed formats (ALR-KVD, KIVI) read every row as a decode of its own length, with chunks that end at
-  their block's end (`PagedKVCache.mixed_rows_supported`, `mixed_chunk_limit`), or for ALR-KVD cross blocks in a
-  run of window slots (`PagedKVCache.take_run`: the rows read the blocks closed before the chunk, then the run).
-  The scheduler cuts prompt chunks beside decodes to fit;
+  windowed formats (ALR-KVD, KIVI) read every row as a decode of its own length (ALR-KVD a chunk's rows in tiles),
+  with chunks that end at their block's end (`PagedKVCache.mixed_rows_supported`, `mixed_chunk_limit`), or for
+  ALR-KVD cross blocks in a run of window slots (`PagedKVCache.take_run`: the rows read the blocks closed before the
+  chunk, then the run). The scheduler cuts prompt chunks beside decodes to fit;
 - with `piecewise` (EngineArgs.piecewise_graphs), windowed formats' chunks beside decodes are not cut, and
-  steps whose prompt chunks cross a block's end, up to `max_tokens` tokens, replay piecewise, as
+  steps whose prompt chunks cross a block's end where no run holds them, or whose prompt rows would read a long
+  compressed history (`GRAPH_MAX_HISTORY_READS`), up to `max_tokens` tokens, replay piecewise, as
   vLLM captures: a graph of everything between two layers' attention (49 for 48 layers, per size bucket),
   replayed in turn with each layer's attention run eagerly between them (`PagedKVCache.attend`: the closed
   history rebuilt, flash attention, the decodes beside through the decode kernel), through static buffers of
@@ -28,8 +29,8 @@ does, at start-up).
 What a graph cannot hold runs eagerly: larger steps (a prompt alone, in chunks of up to
 `max_num_batched_tokens`), windowed formats' prompt chunks that cross a block's end without `piecewise` (prompts
 with nobody decoding beside them, which the scheduler does not cut), and windowed formats' prompt rows over long
-compressed histories (`GRAPH_MAX_HISTORY_READS`: each tile of rows would read the whole history through the decode
-kernel, where an eager step rebuilds it once for flash attention). The blocks a step fills, which
+compressed histories without `piecewise` (`GRAPH_MAX_HISTORY_READS`: each tile of rows would read the whole history
+through the decode kernel, where an eager step rebuilds it once for flash attention). The blocks a step fills, which
 `PagedKVCache.commit` compresses after it, replay graphs of their own (`CompressGraphs`, ALR-KVD), two around the
 one call in which the host waits.
 Models whose experts stream from host memory are captured when the device decides which experts to copy
@@ -59,7 +60,8 @@ class StepGraphs:
         """`max_tokens`: the most tokens of a step with prompt chunks that replays a graph (0, or a cache whose
         rows cannot attend so, `PagedKVCache.mixed_rows_supported`: decode steps only). `capture=False` runs the
         same static buffers eagerly (a CPU test of everything but the capture). `piecewise`: windowed formats'
-        steps with chunks across blocks as graph pieces (the module's docstring)."""
+        steps whose attention runs eagerly (chunks across blocks, long histories) as graph pieces (the module's
+        docstring)."""
         self.model, self.cache, self.max_batch, self.capture = model, cache, max_batch, capture
         self.max_tokens = max(max_tokens, max_batch) if max_tokens and cache.mixed_rows_supported() else 0
         self.token_sizes = [s for s in TOKEN_SIZES if s < self.max_tokens] + [self.max_tokens] if self.max_tokens else []
@@ -77,7 +79,7 @@ class StepGraphs:
         # ("pieces", T) -> ([graph per stretch between attentions], hidden)
         self.pool = None  # one memory pool shared by every graph (they never run at once)
         self.piecewise = piecewise and bool(self.max_tokens) and cache.windowed
-        if not self.piecewise and self.max_tokens:  # windowed formats: chunks across blocks in runs of window slots
+        if self.max_tokens:  # windowed formats: chunks across blocks in runs of window slots
             cache.add_window_runs(self.max_tokens)
         # the blocks a step fills, compressed at commit: two graphs around the host's wait (ALR-KVD)
         kernel = cache.use_triton and cache.compress_blocks is not None
@@ -107,17 +109,18 @@ class StepGraphs:
         if all(n == 1 for n in batch.query_lens):
             key, size, pad, num_tiles = ("decode", B), B, (0, 0, 0), 0
         else:
+            # windowed formats: the attention eager (graph pieces, or the whole step) for a chunk across blocks that
+            # no run holds, or prompt rows over long compressed histories (the history rebuilt once, flash attention)
             limit = self.cache.mixed_chunk_limit
-            across = any(n > limit(s) for s, n in zip(batch.seqs, batch.query_lens))
-            if T > self.max_tokens or (across and not self.piecewise):
-                return None  # too large, or (windowed formats) a prompt in chunks across blocks
-            if not across and self.cache.history_reads(batch) > GRAPH_MAX_HISTORY_READS:
-                return None  # prompt rows over long compressed histories: eager, the history rebuilt once
+            eager_attention = (any(n > limit(s) for s, n in zip(batch.seqs, batch.query_lens))
+                               or self.cache.history_reads(batch) > GRAPH_MAX_HISTORY_READS)
+            if T > self.max_tokens or (eager_attention and not self.piecewise):
+                return None
             size = next(s for s in self.token_sizes if s >= T)
             # padding rows write into the cache's scratch block (windowed formats: its scratch window slot)
             place = (self.cache.scratch_block, self.cache.scratch_slot)
-            # across blocks: the attention eagerly between graph pieces, of the step's T rows (padding rows read zeros)
-            key = ("pieces" if across else "mixed", size)
+            # pieces: the attention eagerly between graph pieces, of the step's T rows (padding rows read zeros)
+            key = ("pieces" if eager_attention else "mixed", size)
             pad, num_tiles = (size - T, *place), self.cache.num_tiles(size, self.max_batch)
             self.valid[:T].fill_(True)
             self.valid[T:size].fill_(False)

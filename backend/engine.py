@@ -92,10 +92,12 @@ class EngineArgs:
                                        # too (fp16/full KV), and prompt chunks beside running decodes are cut to
                                        # fit, so no stream waits for an eager step; 0: decode steps only
     piecewise_graphs: bool = False     # CUDA, ALR-KVD and KIVI: those chunks not cut at their block's end; a step
-                                       # with one across a block replays graph pieces, attention eager between
-                                       # (backend/cuda_graphs.py). Off: every step one graph, chunks cut at their
-                                       # block's end or (ALR-KVD, two a step) across blocks in runs of window slots
-                                       # (under Locust, inter-token p99 2.5 against 4.4x its p50 in pieces, block-cut;
+                                       # with one across a block that no run of window slots holds, or (ALR-KVD)
+                                       # whose prompt rows would read a long compressed history, replays graph
+                                       # pieces, attention eager between (backend/cuda_graphs.py). Off: every step
+                                       # one graph, chunks cut at their block's end or (ALR-KVD, two a step) across
+                                       # blocks in runs of window slots, long histories eager (under Locust,
+                                       # inter-token p99 2.5 against 4.4x its p50 in pieces, block-cut;
                                        # BENCHMARKS.md Decisions)
     seed: int = 0
     expert_budget_bytes: int | None = None  # device bytes for routed experts, streamed from host; None: all resident
@@ -362,7 +364,7 @@ class LLMEngine:
                 self.waiting.remove(seq)
                 self.running.append(seq)
             self.cache.allocate(seq.kv, n)
-            if in_graph and not self.graphs.piecewise:
+            if in_graph:
                 self.cache.take_run(seq.kv, n)  # (a chunk across its block's end: a run of window slots)
             scheduled.append((seq, n))
             budget -= n

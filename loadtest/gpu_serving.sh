@@ -15,7 +15,8 @@
 # Long-context tenants (issue 36), fp16 against ALR-KVD at the same KV budget, prepared here with
 #   python -m server.dummy_repository --out reports/gpu_repository --name qwen3_30b_long_fp16 --kv-format fp16 \
 #     --kv-budget-gb 8 --max-model-len 40960 --max-num-seqs 64 --max-step-ms 80 --cuda-graph-max-tokens 2048
-# (and _long_alrkvd_pieces with --kv-format alrkvd-gpu --piecewise-graphs: chunks across blocks in graph pieces)
+# (and _long_alrkvd_pieces with --kv-format alrkvd-gpu --piecewise-graphs: steps over long compressed histories, and
+# chunks across blocks that no run holds, in graph pieces instead of eager steps)
 # run there with TENANTS loadtest/tenants_long.yaml; `python -m loadtest.compare OUT/A OUT/B --out OUT/compare`
 # puts the runs side by side (sessions held at the SLO, goodput). Latest (H100, 2026-12-05, BENCHMARKS.md
 # section 5): `fp16` within SLO at 16 users, ALR-KVD at none.

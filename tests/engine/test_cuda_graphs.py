@@ -224,34 +224,39 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format, piecewi
     assert cache.allocator.num_free == cache.allocator.num_blocks and len(cache.free_slots) == engine.args.max_num_seqs
 
 
-def test_prompt_rows_over_long_compressed_histories_run_eagerly(tmp_path, monkeypatch):
+@pytest.mark.parametrize("piecewise", [False, True], ids=["whole", "pieces"])
+def test_prompt_rows_over_long_compressed_histories_attend_eagerly(tmp_path, monkeypatch, piecewise):
     """A mixed step whose prompt rows would read more compressed history through the decode kernel than
-    `GRAPH_MAX_HISTORY_READS` (here: any) runs eagerly, its history rebuilt once; the others replay the mixed graph.
-    The tokens are the eager steps'."""
+    `GRAPH_MAX_HISTORY_READS` (here: any; a prompt's last 2 tokens within its second block) attends eagerly, its
+    history rebuilt once: the whole step, or with `piecewise` between graph pieces; the others replay the mixed graph,
+    chunks in runs of window slots too. The tokens are the eager steps'."""
     monkeypatch.setattr(cuda_graphs, "GRAPH_MAX_HISTORY_READS", 0)
     engine = engine_for(tmp_path, QWEN3_MOE, "alrkvd")
     bs = engine.cache.block_size
     g = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (bs - 4, bs + 20, 3 * bs + 7, bs - 3)]
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (bs - 4, bs + 20, 2 * bs, bs - 3)]
     engine.graphs = StepGraphs(engine.model, engine.cache, 0, engine.max_model_len, max_tokens=2 * bs, capture=False)
     expected, eager_plans = generate_with_arrivals(engine, prompts, bs + 4, (2, 4))
-    engine.graphs = StepGraphs(engine.model, engine.cache, 4, engine.max_model_len, max_tokens=2 * bs,
-                               capture=DEVICE == "cuda")
-    engine.graphs.capture_all()
-    replays, run = [], engine.graphs.run
+    engine.graphs = graphs = StepGraphs(engine.model, engine.cache, 4, engine.max_model_len, max_tokens=2 * bs,
+                                        capture=DEVICE == "cuda", piecewise=piecewise)
+    graphs.capture_all()
+    steps, run, run_pieces = [], graphs.run, graphs._run_pieces
+    pieces = []
+    graphs._run_pieces = lambda *args: pieces.append(1) or run_pieces(*args)
 
     def recorded(tokens, positions, batch):
-        reads = engine.cache.history_reads(batch)
+        reads, before = engine.cache.history_reads(batch), len(pieces)
         hidden = run(tokens, positions, batch)
         if any(n > 1 for n in batch.query_lens) and any(n == 1 for n in batch.query_lens):  # chunks beside decodes
-            replays.append((reads, hidden is not None))
+            steps.append((reads, "eager" if hidden is None else "pieces" if len(pieces) > before else "graph"))
         return hidden
 
-    engine.graphs.run = recorded
+    graphs.run = recorded
     tokens, plans = generate_with_arrivals(engine, prompts, bs + 4, (2, 4))
     assert tokens == expected and plans == eager_plans
-    assert all(replayed == (reads == 0) for reads, replayed in replays)
-    assert {replayed for _, replayed in replays} == {True, False}
+    heavy = "pieces" if piecewise else "eager"
+    assert all(kind == ("graph" if reads == 0 else heavy) for reads, kind in steps)
+    assert {kind for _, kind in steps} == {"graph", heavy}
 
 
 @pytest.mark.parametrize("kv_format, runs", [("alrkvd", True), ("kivi4", False)])
