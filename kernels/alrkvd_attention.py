@@ -61,8 +61,8 @@ same dots (the rows laid out as heads of [rows x Hq]), each row causal in the wi
 tile is unpacked once for TILE_Q rows (journal 2026-12-06 26b: 1.7x row by row after 12k tokens, but the history
 rebuilt and read by flash attention 7x faster still).
 
-In the code: `_alrkvd_decode_stage1` (a row, or a tile's rows) calls `_stage1_rows` (the grid, the splits' tiles),
-which runs `_window_partial` (the window's program) or `_blocks_partial` (a split of the closed tiles: `_query_operands` once, then per tile `_low_rank_scores` and
+In the code: `_alrkvd_decode_stage1` (the grid, a row or a tile's rows, the splits' tiles) runs `_window_partial`
+(the window's program) or `_blocks_partial` (a split of the closed tiles: `_query_operands` once, then per tile `_low_rank_scores` and
 `_residual_dots` for the keys, `_tile_weights` for the softmax, `_value_latents` and `_value_runs` for the values),
 then `merge_if_last`. The helpers are inlined when compiled: the same code as one function, but the line info
 (`-lineinfo`) that Triton gives ptxas, which can move an instruction here and there in the schedule.
@@ -678,26 +678,69 @@ def _blocks_partial(
 # ----------------------------------------------------------------------------------------------
 # Stage 1: the kernel
 # ----------------------------------------------------------------------------------------------
-@triton.jit
-def _stage1_rows(
-    Q, Block_tables, Seq_lens, Closed, Window_slots, Window_k, Window_v, Cos, Sin,
+# (ints that vary with the batch are not specialized: outside a graph, each new combination of ==1 and
+# multiple-of-16 compiled the kernel again, seconds each)
+@triton.jit(do_not_specialize=["num_splits", "stride_btb", "stride_mlb", "stride_mlh"])
+def _alrkvd_decode_stage1(
+    # Pointers: query, paging, window (Closed: each row's closed blocks, read with HAS_CLOSED)
+    Q, Block_tables, Seq_lens, Closed, Window_slots, Window_k, Window_v,
+    Tile_starts, Tile_counts,  # TILE_Q > 1: each tile's first row and its rows (0: an unused tile)
+    Cos, Sin,  # RoPE tables [max_pos, D] (HF layout: the first half of a row is cos/sin(pos * theta))
+    # Pointers: compressed blocks
     Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero,
-    K_resid, K_rscale, K_rzero, V_resid, V_rscale, V_rzero, Mid_o, Mid_lse, Out, Tickets,
-    pid_b, num_rows, qk_scale, num_splits,
-    stride_qb, stride_qh, stride_btb, stride_cs, stride_wn, stride_wt, stride_wh, stride_rkn,
-    stride_bn, stride_br, stride_bsn, stride_ln, stride_lt, stride_lr, stride_krn, stride_krt,
-    stride_krh, stride_ksn, stride_kst, stride_ksh, stride_vrn, stride_vrt, stride_vrh, stride_vrc,
-    stride_vsn, stride_vst, stride_vsh, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
+    K_resid, K_rscale, K_rzero, V_resid, V_rscale, V_rzero,
+    # Pointers: partials, the output, and one ticket per (sequence, kv head) for the merge (0 between calls)
+    Mid_o, Mid_lse, Out, Tickets,
+    # Scalars
+    qk_scale,  # softmax scale * log2(e)
+    num_splits,  # programs per (sequence, kv head) over the closed blocks; grid axis 2 has one more
+    # Strides
+    stride_qb, stride_qh, stride_btb, stride_cs,
+    stride_wn, stride_wt, stride_wh,  # window_k and window_v: slot, token, head (D contiguous)
+    stride_rkn,  # ranks: block
+    stride_bn, stride_br,  # basis: block, row
+    stride_bsn,  # basis_scale, latent_scale, latent_zero: block
+    stride_ln, stride_lt, stride_lr,  # latent: block, token, row (stream-major: tokens contiguous)
+    stride_krn, stride_krt, stride_krh,  # k_resid: block, token, head
+    stride_ksn, stride_kst, stride_ksh,  # k_rscale and k_rzero: block, token, head
+    stride_vrn, stride_vrt, stride_vrh, stride_vrc,  # v_resid: block, token, head, byte
+    stride_vsn, stride_vst, stride_vsh,
+    stride_mob, stride_moh, stride_mos,
+    stride_mlb, stride_mlh,
     stride_ob, stride_oh,
-    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_GN: tl.constexpr,
-    MERGE_CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    WINDOW_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, K_BITS: tl.constexpr, V_BITS: tl.constexpr,
-    ROTATED_KEYS: tl.constexpr, HAS_CLOSED: tl.constexpr, MIN_TILES: tl.constexpr, ASM: tl.constexpr,
-    TILE_Q: tl.constexpr,
+    # Meta-parameters
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_GN: tl.constexpr, MERGE_CHUNK: tl.constexpr,
+    HEAD_DIM: tl.constexpr,  # a power of two
+    BLOCK_SIZE: tl.constexpr,  # tokens per cache block (T)
+    BLOCK_N: tl.constexpr,  # tokens per tile, divides BLOCK_SIZE
+    WINDOW_N: tl.constexpr,  # tokens per tile of the window
+    BLOCK_R: tl.constexpr,  # >= rank_max, >= 16, a power of two
+    BLOCK_S: tl.constexpr,  # >= 2 * NUM_KV_HEADS, a power of two
+    K_BITS: tl.constexpr, V_BITS: tl.constexpr,
+    ROTATED_KEYS: tl.constexpr,  # key_frame=rotated: low-rank key scores are (q B^T) . latents, no RoPE per token
+    HAS_CLOSED: tl.constexpr,  # each row's closed blocks given (its window may span consecutive slots)
+    TILE_Q: tl.constexpr,  # query rows per program: 1 (axis 0 a row), or tiles of a sequence's consecutive rows
+    MIN_TILES: tl.constexpr,  # the fewest tiles a split takes (MIN_TOKENS_PER_SPLIT / BLOCK_N)
+    ASM: tl.constexpr,  # residual codes unpacked by inline PTX (compiled only; the interpreter takes the plain path)
 ):
-    """Stage 1 for row pid_b (TILE_Q 1), or for the `num_rows` rows from pid_b on of a tile: their queries are the
-    columns (row, head), the rows laid out as heads of [rows x Hq] (q, the partials and the output contiguous
-    over (row, head)), so every offset below is the one-row code's."""
+    """Grid (B, num_kv_heads, num_splits + 1), or (tiles, ...) with TILE_Q > 1: the first splits
+    share the closed (compressed) blocks' tiles, at least MIN_TILES each (`_blocks_partial`), and program num_splits
+    takes the window (`_window_partial`). The split count comes from the block table's width; the sequence's own
+    length can leave the last splits without tiles.
+    Those store nothing, and the window's partial goes right after the busy splits', so the merge reads only
+    partials with tokens behind them (`merge_if_last`: one chunk of 32 partials instead of two at B=1 L=4k,
+    BENCHMARKS.md 2g)."""
+    if TILE_Q == 1:
+        pid_b = tl.program_id(0).to(tl.int64)
+        num_rows = 1
+    else:  # a tile: rows pid_b.. of one sequence, which share its closed blocks, table and window
+        pid_b = tl.load(Tile_starts + tl.program_id(0)).to(tl.int64)
+        num_rows = tl.load(Tile_counts + tl.program_id(0))
+        if num_rows == 0:  # an unused tile
+            return
+    # a tile's queries are the columns (row, head), the rows laid out as heads of [rows x Hq] (q, the partials and
+    # the output contiguous over (row, head)), so every offset below is the one-row code's
     TILES: tl.constexpr = BLOCK_SIZE // BLOCK_N
     pid_kvh = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -753,79 +796,6 @@ def _stage1_rows(
                   Mid_lse + pid_b * stride_mlb, Out + pid_b * stride_ob, heads, mask_g,
                   offs_d, offs_d < HEAD_DIM, stride_moh, stride_mos, stride_mlh, stride_oh, BLOCK_G, HEAD_DIM,
                   MERGE_CHUNK)
-
-
-# (ints that vary with the batch are not specialized: outside a graph, each new combination of ==1 and
-# multiple-of-16 compiled the kernel again, seconds each)
-@triton.jit(do_not_specialize=["num_splits", "stride_btb", "stride_mlb", "stride_mlh"])
-def _alrkvd_decode_stage1(
-    # Pointers: query, paging, window (Closed: each row's closed blocks, read with HAS_CLOSED)
-    Q, Block_tables, Seq_lens, Closed, Window_slots, Window_k, Window_v,
-    Tile_starts, Tile_counts,  # TILE_Q > 1: each tile's first row and its rows (0: an unused tile)
-    Cos, Sin,  # RoPE tables [max_pos, D] (HF layout: the first half of a row is cos/sin(pos * theta))
-    # Pointers: compressed blocks
-    Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero,
-    K_resid, K_rscale, K_rzero, V_resid, V_rscale, V_rzero,
-    # Pointers: partials, the output, and one ticket per (sequence, kv head) for the merge (0 between calls)
-    Mid_o, Mid_lse, Out, Tickets,
-    # Scalars
-    qk_scale,  # softmax scale * log2(e)
-    num_splits,  # programs per (sequence, kv head) over the closed blocks; grid axis 2 has one more
-    # Strides
-    stride_qb, stride_qh, stride_btb, stride_cs,
-    stride_wn, stride_wt, stride_wh,  # window_k and window_v: slot, token, head (D contiguous)
-    stride_rkn,  # ranks: block
-    stride_bn, stride_br,  # basis: block, row
-    stride_bsn,  # basis_scale, latent_scale, latent_zero: block
-    stride_ln, stride_lt, stride_lr,  # latent: block, token, row (stream-major: tokens contiguous)
-    stride_krn, stride_krt, stride_krh,  # k_resid: block, token, head
-    stride_ksn, stride_kst, stride_ksh,  # k_rscale and k_rzero: block, token, head
-    stride_vrn, stride_vrt, stride_vrh, stride_vrc,  # v_resid: block, token, head, byte
-    stride_vsn, stride_vst, stride_vsh,
-    stride_mob, stride_moh, stride_mos,
-    stride_mlb, stride_mlh,
-    stride_ob, stride_oh,
-    # Meta-parameters
-    NUM_KV_HEADS: tl.constexpr,
-    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_GN: tl.constexpr, MERGE_CHUNK: tl.constexpr,
-    HEAD_DIM: tl.constexpr,  # a power of two
-    BLOCK_SIZE: tl.constexpr,  # tokens per cache block (T)
-    BLOCK_N: tl.constexpr,  # tokens per tile, divides BLOCK_SIZE
-    WINDOW_N: tl.constexpr,  # tokens per tile of the window
-    BLOCK_R: tl.constexpr,  # >= rank_max, >= 16, a power of two
-    BLOCK_S: tl.constexpr,  # >= 2 * NUM_KV_HEADS, a power of two
-    K_BITS: tl.constexpr, V_BITS: tl.constexpr,
-    ROTATED_KEYS: tl.constexpr,  # key_frame=rotated: low-rank key scores are (q B^T) . latents, no RoPE per token
-    HAS_CLOSED: tl.constexpr,  # each row's closed blocks given (its window may span consecutive slots)
-    TILE_Q: tl.constexpr,  # query rows per program: 1 (axis 0 a row), or tiles of a sequence's consecutive rows
-    MIN_TILES: tl.constexpr,  # the fewest tiles a split takes (MIN_TOKENS_PER_SPLIT / BLOCK_N)
-    ASM: tl.constexpr,  # residual codes unpacked by inline PTX (compiled only; the interpreter takes the plain path)
-):
-    """Grid (B, num_kv_heads, num_splits + 1), or (tiles, ...) with TILE_Q > 1 (`_stage1_rows`): the first splits
-    share the closed (compressed) blocks' tiles, at least MIN_TILES each (`_blocks_partial`), and program num_splits
-    takes the window (`_window_partial`). The split count comes from the block table's width; the sequence's own
-    length can leave the last splits without tiles.
-    Those store nothing, and the window's partial goes right after the busy splits', so the merge reads only
-    partials with tokens behind them (`merge_if_last`: one chunk of 32 partials instead of two at B=1 L=4k,
-    BENCHMARKS.md 2g)."""
-    if TILE_Q == 1:
-        pid_b = tl.program_id(0).to(tl.int64)
-        num_rows = 1
-    else:  # a tile: rows pid_b.. of one sequence, which share its closed blocks, table and window
-        pid_b = tl.load(Tile_starts + tl.program_id(0)).to(tl.int64)
-        num_rows = tl.load(Tile_counts + tl.program_id(0))
-    if num_rows > 0:
-        _stage1_rows(Q, Block_tables, Seq_lens, Closed, Window_slots, Window_k, Window_v, Cos, Sin,
-                     Ranks, Basis, Basis_scale, Latent, Latent_scale, Latent_zero,
-                     K_resid, K_rscale, K_rzero, V_resid, V_rscale, V_rzero, Mid_o, Mid_lse, Out, Tickets,
-                     pid_b, num_rows, qk_scale, num_splits,
-                     stride_qb, stride_qh, stride_btb, stride_cs, stride_wn, stride_wt, stride_wh, stride_rkn,
-                     stride_bn, stride_br, stride_bsn, stride_ln, stride_lt, stride_lr, stride_krn, stride_krt,
-                     stride_krh, stride_ksn, stride_kst, stride_ksh, stride_vrn, stride_vrt, stride_vrh, stride_vrc,
-                     stride_vsn, stride_vst, stride_vsh, stride_mob, stride_moh, stride_mos, stride_mlb, stride_mlh,
-                     stride_ob, stride_oh,
-                     NUM_KV_HEADS, GROUP, BLOCK_G, BLOCK_GN, MERGE_CHUNK, HEAD_DIM, BLOCK_SIZE, BLOCK_N, WINDOW_N,
-                     BLOCK_R, BLOCK_S, K_BITS, V_BITS, ROTATED_KEYS, HAS_CLOSED, MIN_TILES, ASM, TILE_Q)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -914,7 +884,8 @@ def _alrkvd_stage1(q, cache: AlrkvdLayer, window_k, window_v, block_tables, seq_
         out.stride(0), out.stride(1),
         NUM_KV_HEADS=num_kv_heads, GROUP=group,
         # the window's dots keep the group on the 16-row side (tl.dot pads M itself), the closed tiles' on 8 columns
-        # (a tile's merge at half the registers: 4 partials a step spilled 552 bytes at 64 columns, 2 spill 144)
+        # (a tile's merge at half the registers: at 64 columns and 8 warps, 4 partials a step spilled 552 bytes, 2
+        # spilled 144; sm_90, `benchmarks/sass_count.py`)
         BLOCK_G=block_g, BLOCK_GN=max(8, block_g),
         MERGE_CHUNK=merge_chunk(block_g, head_dim, cfg["num_warps"], 128 if tiles is None else 64),
         HEAD_DIM=head_dim,
