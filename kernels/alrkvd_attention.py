@@ -64,11 +64,13 @@ rebuilt and read by flash attention 7x faster still).
 In the code: `_alrkvd_decode_stage1` (the grid, a row or a tile's rows, the splits' tiles) runs `_window_partial`
 (the window's program) or `_blocks_partial` (a split of the closed tiles: `_query_operands` once, then per tile
 `_low_rank_scores` and `_residual_dots` for the keys, `_tile_weights` for the softmax, `_value_latents` and
-`_value_runs` for the values), then `merge_if_last`. The helpers are inlined when compiled: the same code as one function, but the line info
-(`-lineinfo`) that Triton gives ptxas, which can move an instruction here and there in the schedule.
+`_value_runs` for the values), then `merge_if_last`. The helpers are inlined when compiled: the same code as one
+function, but the line info (`-lineinfo`) that Triton gives ptxas, which can move an instruction here and there in
+the schedule.
 
 Public: `KERNEL_OPTIONS`, `kernel_options`, `AlrkvdLayer` (the per-layer views), `alrkvd_decode_attention`,
-`tile_rows`, `alrkvd_decode_attention_ref`, `alrkvd_rebuild_blocks` (closed blocks to dense keys and values, for prefill). Nothing runs at import.
+`tile_rows`, `alrkvd_decode_attention_ref`, `alrkvd_rebuild_blocks` (closed blocks to dense keys and values, for
+prefill). Nothing runs at import.
 """
 from __future__ import annotations
 
