@@ -2,14 +2,15 @@
 config of `loadtest/gpu_serving.sh` (16 GiB of KV, 8,192 positions, 32 sequences, chunks of 2,048, graphs to 256
 tokens), a closed loop of `users` streams alternating at random between the tenants of `loadtest/tenants_gpu.yaml`
 in tokens (chats: 25-50 prompt tokens, 64 out; summaries: 400-650 prompt tokens, 128 out; one to one). Every step is
-synchronised and timed, with its kind: decode only, prompt rows in one graph, a chunk across blocks in graph pieces
-(ALR-KVD and KIVI with `piecewise_graphs`), eager; and with the time of its forward and of the block compression
+synchronised and timed, with its kind: decode only, prompt rows in one graph, graph pieces (ALR-KVD and KIVI with
+`piecewise_graphs`: a chunk across blocks that no run holds, a long compressed history), eager; and with the time of its forward and of the block compression
 (each synchronised). A decode row waits its step's time: their p99 over their p50 is what the load test's
 inter-token ratio comes to without the server; and each tenant's time to first token, from its arrival. A synthetic
 step (`bench_engine.py --gpu-mixed`) misses what a mix makes: new sequences, several chunks a step, prompts across
 blocks.
 
     python benchmarks/bench_step_mix.py --arms fp16,alrkvd-gpu,alrkvd-gpu:pieces --users 8,32 --out mix.json
+    (`alrkvd-gpu:rows`: a chunk's rows read one by one, not in tiles, for a baseline)
 """
 from __future__ import annotations
 
@@ -72,16 +73,16 @@ def run(engine, users: int, steps: int, warmup: int, seed: int = 0) -> tuple[lis
             arrived[rid] = (tenant, time.perf_counter())
 
     cache, graphs = engine.cache, engine.graphs
-    compress, replay = cache.compress, graphs.run
+    compress, replay, run_pieces = cache.compress, graphs.run, graphs._run_pieces
     spent = {}
     cache.compress, graphs.run = timed(compress, spent, "compress"), timed(replay, spent, "forward")
-    bs = cache.block_size
+    graphs._run_pieces = lambda *args: spent["pieces_out"].append(1) or run_pieces(*args)  # (a step in graph pieces)
     for _ in range(users):
         submit(False)
     rows = []
     try:
         for i in range(warmup + steps):
-            spent.update(compress=0.0, forward=0.0, compress_out=[], forward_out=[])
+            spent.update(compress=0.0, forward=0.0, compress_out=[], forward_out=[], pieces_out=[])
             torch.cuda.synchronize()
             t = time.perf_counter()
             outputs = engine.step()
@@ -100,7 +101,7 @@ def run(engine, users: int, steps: int, warmup: int, seed: int = 0) -> tuple[lis
                 kind = "decode"
             elif not replayed:
                 kind = "eager"
-            elif cache.windowed and graphs.piecewise and any(p % bs + n > bs for p, n in chunks):
+            elif spent["pieces_out"]:
                 kind = "pieces"
             else:
                 kind = "graph"
@@ -109,7 +110,7 @@ def run(engine, users: int, steps: int, warmup: int, seed: int = 0) -> tuple[lis
                              "decodes": sum(n == 1 for _, n in engine.plan), "prompt_tokens": sum(n for _, n in chunks),
                              "prompt_chunks": len(chunks)})
     finally:
-        cache.compress, graphs.run = compress, replay
+        cache.compress, graphs.run, graphs._run_pieces = compress, replay, run_pieces
         for rid in list(engine.requests):
             engine.abort(rid)
     return rows, first_tokens
