@@ -249,12 +249,14 @@ class PagedKVCache:
         self._runs.clear()
 
     def take_run(self, seq: SeqKV, num_new: int):
-        """A chunk of `num_new` tokens across its block's end (`mixed_chunk_limit` allowed it): its rows go to a
-        free run, which first gets the window's tokens of the sequence."""
+        """A chunk of `num_new` tokens across its block's end: its rows go to a free run that holds them, which
+        first gets the window's tokens of the sequence. None free, or the chunk longer than a run (`piecewise_graphs`
+        does not cut chunks to `mixed_chunk_limit`): the chunk takes none, and its step's attention runs eagerly."""
         off = seq.num_tokens % self.block_size
-        if not self.window_runs or num_new <= self.block_size - off:
+        free = [r for r in self.window_runs if r not in self._runs.values()]
+        if not free or num_new <= self.block_size - off or num_new > self.run_blocks * self.block_size - off:
             return
-        first = next(r for r in self.window_runs if r not in self._runs.values())
+        first = free[0]
         self._runs[id(seq)] = first
         if off:
             self.wait_compressed()

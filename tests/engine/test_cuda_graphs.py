@@ -15,6 +15,7 @@ import torch  # noqa: E402
 from backend import cuda_graphs  # noqa: E402
 from backend.cuda_graphs import CompressGraphs, StepGraphs  # noqa: E402
 from backend.engine import EngineArgs, LLMEngine  # noqa: E402
+from backend.kv_cache import SeqKV  # noqa: E402
 from backend.engine import LOCALITY  # noqa: E402
 from backend.model import MoE, local_routes  # noqa: E402
 from backend.sampling import SamplingParams  # noqa: E402
@@ -274,6 +275,25 @@ def test_runs_of_window_slots_are_counted_in_the_allocated_bytes_and_used_by_no_
     assert cache.free_slots == free and cache.used_bytes() == 0
     StepGraphs(engine.model, cache, 4, engine.max_model_len, max_tokens=2 * bs, capture=False)  # (graphs again)
     assert cache.allocated_bytes() - allocated == (2 * 3 * slot if runs else 0)
+
+
+def test_a_chunk_takes_a_run_only_where_a_free_one_holds_it(tmp_path):
+    """`piecewise_graphs` does not cut chunks to `mixed_chunk_limit`, so a step may bring more chunks across blocks
+    than there are runs, or one longer than a run: those take none (their step's attention runs eagerly, in graph
+    pieces), and the runs go to the chunks they hold."""
+    engine = engine_for(tmp_path, QWEN3_MOE, "alrkvd")
+    cache = engine.cache
+    StepGraphs(engine.model, cache, 4, engine.max_model_len, max_tokens=2 * cache.block_size, capture=False)
+    span = cache.run_blocks * cache.block_size  # (3 blocks)
+    seqs = [SeqKV() for _ in range(4)]
+    for seq, n in zip(seqs, (span + 1, span, span, span)):
+        cache.allocate(seq, n)
+        cache.take_run(seq, n)
+    assert [id(seq) in cache._runs for seq in seqs] == [False, True, True, False]
+    assert sorted(cache._runs.values()) == cache.window_runs
+    cache.release_runs()
+    for seq in seqs:
+        cache.free(seq)
 
 
 def test_warm_up_runs_chunks_across_blocks_and_over_a_history_and_leaves_nothing_behind(tmp_path):
