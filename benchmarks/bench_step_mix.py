@@ -3,14 +3,19 @@ config of `loadtest/gpu_serving.sh` (16 GiB of KV, 8,192 positions, 32 sequences
 tokens), a closed loop of `users` streams alternating at random between the tenants of `loadtest/tenants_gpu.yaml`
 in tokens (chats: 25-50 prompt tokens, 64 out; summaries: 400-650 prompt tokens, 128 out; one to one). Every step is
 synchronised and timed, with its kind: decode only, prompt rows in one graph, graph pieces (ALR-KVD and KIVI with
-`piecewise_graphs`: a chunk across blocks that no run holds, a long compressed history), eager; and with the time of its forward and of the block compression
-(each synchronised). A decode row waits its step's time: their p99 over their p50 is what the load test's
-inter-token ratio comes to without the server; and each tenant's time to first token, from its arrival. A synthetic
+`piecewise_graphs`: a chunk across blocks that no run holds, a long compressed history), eager; and with the time of
+its forward and of the block compression (each synchronised), and its chunks' longest history. A decode row waits
+its step's time: their p99 over their p50 is what the load test's inter-token ratio comes to without the server; and
+each tenant's time to first token, from its arrival; prompt tokens and decodes a second over the steps. A synthetic
 step (`bench_engine.py --gpu-mixed`) misses what a mix makes: new sequences, several chunks a step, prompts across
 blocks.
 
     python benchmarks/bench_step_mix.py --arms fp16,alrkvd-gpu,alrkvd-gpu:pieces --users 8,32 --out mix.json
     (`alrkvd-gpu:rows`: a chunk's rows read one by one, not in tiles, for a baseline)
+
+`--long`: the long-context tenants' served config instead (`qwen3_30b_long_*` of `loadtest/gpu_serving.sh`: 8 GiB of
+KV, 40,960 positions, 64 sequences, `max_step_ms` 80, graphs to 2,048 tokens) and their mix in tokens, two chats to a
+document (`loadtest/tenants_long.yaml`: documents of 16k-32k tokens, 32 out; chats of 500-6,000, 96 out).
 """
 from __future__ import annotations
 
@@ -30,16 +35,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backend.sampling import SamplingParams  # noqa: E402
 from benchmarks.bench_engine import dummy_engine, rows_one_by_one  # noqa: E402
 
-TENANTS = {"chat": ((25, 50), 64), "summarize": ((400, 650), 128)}  # (prompt tokens, max tokens)
+TENANTS = {"chat": ((25, 50), 64, 1), "summarize": ((400, 650), 128, 1)}  # (prompt tokens, max tokens, weight)
+LONG_TENANTS = {"chat": ((500, 6000), 96, 2), "document": ((16000, 32000), 32, 1)}
 KINDS = ("decode", "graph", "pieces", "eager")
 
 
-def served_engine(arm: str):
+def served_engine(arm: str, long: bool = False):
     """`arm`: a KV format (`fp16`, `alrkvd-gpu`, ...), `:pieces` for piecewise graphs, `:rows` for ALR-KVD's chunk
     rows read one by one in mixed graphs (not in tiles)."""
     kv_format, _, mode = arm.partition(":")
-    engine = dummy_engine("qwen3-30b-a3b", kv_format, kv_budget_bytes=16 << 30, max_model_len=8192, max_num_seqs=32,
-                          max_num_batched_tokens=2048, piecewise_graphs=mode == "pieces")
+    served = (dict(kv_budget_bytes=8 << 30, max_model_len=40960, max_num_seqs=64, max_step_ms=80.0,
+                   cuda_graph_max_tokens=2048) if long else
+              dict(kv_budget_bytes=16 << 30, max_model_len=8192, max_num_seqs=32))
+    engine = dummy_engine("qwen3-30b-a3b", kv_format, max_num_batched_tokens=2048, piecewise_graphs=mode == "pieces",
+                          **served)
     return rows_one_by_one(engine) if mode == "rows" else engine
 
 
@@ -56,17 +65,18 @@ def timed(fn, spent: dict, key: str):
     return wrapped
 
 
-def run(engine, users: int, steps: int, warmup: int, seed: int = 0) -> tuple[list[dict], list[tuple[str, float]]]:
+def run(engine, users: int, steps: int, warmup: int, seed: int = 0,
+        tenants: dict = TENANTS) -> tuple[list[dict], list[tuple[str, float]]]:
     """Every step after `warmup` (a row each), and (tenant, ms from its arrival to its first token) of the requests
     that arrived after it."""
     rng = random.Random(seed)
-    names = sorted(TENANTS)
+    names = [name for name in sorted(tenants) for _ in range(tenants[name][2])]
     arrived: dict[str, tuple[str, float]] = {}  # request id -> (tenant, arrival), until its first token
     first_tokens: list[tuple[str, float]] = []
 
     def submit(measured: bool):
         tenant = rng.choice(names)
-        (lo, hi), max_tokens = TENANTS[tenant]
+        (lo, hi), max_tokens, _ = tenants[tenant]
         rid = engine.add_request(None, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
                                  prompt_ids=[rng.randint(100, 40000) for _ in range(rng.randint(lo, hi))])
         if measured:
@@ -108,7 +118,7 @@ def run(engine, users: int, steps: int, warmup: int, seed: int = 0) -> tuple[lis
             if i >= warmup:
                 rows.append({"kind": kind, "ms": ms, "forward_ms": spent["forward"], "compress_ms": spent["compress"],
                              "decodes": sum(n == 1 for _, n in engine.plan), "prompt_tokens": sum(n for _, n in chunks),
-                             "prompt_chunks": len(chunks)})
+                             "prompt_chunks": len(chunks), "history": max((at for at, _ in chunks), default=0)})
     finally:
         cache.compress, graphs.run, graphs._run_pieces = compress, replay, run_pieces
         for rid in list(engine.requests):
@@ -124,9 +134,11 @@ def summarize(rows: list[dict], first_tokens: list[tuple[str, float]]) -> dict:
             out[kind] = {"steps": len(rs), "ms_p50": statistics.median(r["ms"] for r in rs),
                          "ms_max": max(r["ms"] for r in rs),
                          **{f"{k}_p50": statistics.median(r[k] for r in rs)
-                            for k in ("forward_ms", "compress_ms", "prompt_tokens", "prompt_chunks")}}
+                            for k in ("forward_ms", "compress_ms", "prompt_tokens", "prompt_chunks", "history")}}
     waits = sorted(r["ms"] for r in rows for _ in range(r["decodes"]))  # each decode row waits its step
     out["decode_wait_p50"], out["decode_wait_p99"] = waits[len(waits) // 2], waits[int(len(waits) * 0.99)]
+    seconds = sum(r["ms"] for r in rows) / 1e3
+    out["prompt_tok_s"], out["decode_tok_s"] = (sum(r[k] for r in rows) / seconds for k in ("prompt_tokens", "decodes"))
     out["ttft_p50_ms"] = {t: statistics.median(ms for name, ms in first_tokens if name == t)
                           for t in sorted({name for name, _ in first_tokens})}
     return out
@@ -138,24 +150,27 @@ def main() -> int:
     p.add_argument("--users", default="8,32")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--warmup", type=int, default=40)
+    p.add_argument("--long", action="store_true", help="the long-context tenants and their served config")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     result = {"device": torch.cuda.get_device_name(), "runs": []}
     for arm in a.arms.split(","):
-        engine = served_engine(arm)
+        engine = served_engine(arm, a.long)
         engine.graphs.capture_all()
         for users in (int(u) for u in a.users.split(",")):
-            rows, first_tokens = run(engine, users, a.steps, a.warmup)
+            rows, first_tokens = run(engine, users, a.steps, a.warmup, tenants=LONG_TENANTS if a.long else TENANTS)
             s = summarize(rows, first_tokens)
             result["runs"].append({"arm": arm, "users": users, "summary": s, "steps": rows,
                                    "first_tokens": first_tokens})
             kinds = "; ".join(f"{k} {d['steps']}x {d['ms_p50']:.1f} ms (max {d['ms_max']:.1f}, forward "
                               f"{d['forward_ms_p50']:.1f}, compression {d['compress_ms_p50']:.1f}, "
-                              f"{d['prompt_tokens_p50']:.0f} tokens in {d['prompt_chunks_p50']:.0f})"
+                              f"{d['prompt_tokens_p50']:.0f} tokens in {d['prompt_chunks_p50']:.0f}, history "
+                              f"{d['history_p50']:.0f})"
                               for k, d in s.items() if k in KINDS)
             ttft = ", ".join(f"{t} {ms:.0f}" for t, ms in s["ttft_p50_ms"].items())
             print(f"{arm:18} users {users:2}: decode rows wait p50 {s['decode_wait_p50']:.1f} p99 "
-                  f"{s['decode_wait_p99']:.1f} ms ({s['decode_wait_p99'] / s['decode_wait_p50']:.2f}x); first token "
+                  f"{s['decode_wait_p99']:.1f} ms ({s['decode_wait_p99'] / s['decode_wait_p50']:.2f}x); prompt "
+                  f"tokens/s {s['prompt_tok_s']:.0f}, decodes/s {s['decode_tok_s']:.0f}; first token "
                   f"p50 ms: {ttft} | {kinds}", flush=True)
         del engine
         gc.collect()

@@ -83,7 +83,7 @@ import triton.language as tl
 
 from kernels.paged_attention import (
     LOG2E, MIN_TOKENS_PER_SPLIT, attend_ref, check_decode_inputs, decode_tickets, fp16_bits,
-    merge_chunk, merge_if_last, softmax_update, store_partial, windowed_num_splits,
+    merge_chunk, merge_if_last, softmax_update, store_partial, tile_num_splits, windowed_num_splits,
 )
 from kernels.tuning import get_config
 
@@ -121,6 +121,7 @@ MANY_PAIRS = 64
 # warps 9.48, 16 rows a tile 21.3, 4 rows 7.15); a 248-token chunk after 4,096 beside 8 decodes 0.39 against 0.44.
 # Rebuilding the history and flash attention over it took 0.85 and 0.37 ms: long histories go eager
 # (backend/cuda_graphs.py `GRAPH_MAX_HISTORY_READS`).
+# Its splits: `tile_num_splits`, of at least MIN_TOKENS_PER_SPLIT keys.
 _TILES_STAGE1 = {"TILE_Q": 8, "BLOCK_N": 64, "WINDOW_N": 64, "num_warps": 4, "num_stages": 2,
                  "MIN_TOKENS_PER_SPLIT": 256}
 
@@ -973,6 +974,8 @@ def alrkvd_decode_attention(
                 torch.empty(batch, num_q_heads, n, dtype=torch.float32, device=q.device),
                 torch.empty(batch, num_q_heads, head_dim, dtype=q.dtype, device=q.device))
 
+    if num_splits is None and tiles is not None:  # a long row's blocks over programs (the tiles' count says little)
+        num_splits = tile_num_splits(batch, num_q_heads, head_dim, block_tables.shape[1] * block_size, min_tokens)
     if num_splits is None:  # whole waves of the programs the GPU runs at once
         key = ("alrkvd", q.device, q.dtype, q.shape[1:], cache.block_size, num_kv_heads, cache.k_bits, cache.v_bits,
                cache.rank_max, cache.rotated_keys, closed is not None, tuple(sorted(cfg.items())))

@@ -241,7 +241,8 @@ def _decode_reduce_stage2(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Grid (B, num_q_heads). out[b, h] = sum_s w_s mid_o[b, h, s] / sum_s w_s, w_s = 2^(lse_s - max)."""
+    """Grid (B, num_q_heads). out[b, h] = sum_s w_s mid_o[b, h, s] / sum_s w_s, w_s = 2^(lse_s - max); the
+    values of partials whose lse is -inf are not read."""
     pid_b = tl.program_id(0).to(tl.int64)
     pid_h = tl.program_id(1).to(tl.int64)
     offs_p = tl.arange(0, BLOCK_P)
@@ -257,9 +258,11 @@ def _decode_reduce_stage2(
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     denom = 0.0
     for p in range(num_partials):
-        w = tl.exp2(tl.load(lse_row + p) - m)
-        acc += w * tl.load(o_row + p * stride_mos + offs_d, mask=mask_d, other=0.0)
-        denom += w
+        lse_p = tl.load(lse_row + p)
+        if lse_p > float("-inf"):  # a partial without keys may leave its values unwritten: not read
+            w = tl.exp2(lse_p - m)
+            acc += w * tl.load(o_row + p * stride_mos + offs_d, mask=mask_d, other=0.0)
+            denom += w
     denom = tl.where(denom > 0, denom, 1.0)
     tl.store(Out + pid_b * stride_ob + pid_h * stride_oh + offs_d, acc / denom, mask=mask_d)
 
@@ -475,6 +478,7 @@ def _paged_tiles_stage1(
     BLOCK_D: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    MIN_TILES: tl.constexpr,  # the fewest key tiles a split takes
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -500,9 +504,10 @@ def _paged_tiles_stage1(
     heads = pid_kvh * GROUP + offs_m % GROUP
     limit = tl.load(Seq_lens + rows, mask=mask_m, other=0)  # keys each row sees
 
-    # -- this split's keys: whole tiles of the tile's longest context
+    # -- this split's keys: whole tiles of the tile's longest context, at least MIN_TILES (the last splits of a
+    # short context stay empty)
     ctx = tl.max(limit, 0)
-    tiles_per_split = tl.cdiv(tl.cdiv(ctx, BLOCK_N), num_splits)
+    tiles_per_split = tl.maximum(tl.cdiv(tl.cdiv(ctx, BLOCK_N), num_splits), MIN_TILES)
     start = pid_s * tiles_per_split * BLOCK_N
     end = tl.minimum(start + tiles_per_split * BLOCK_N, ctx)
 
@@ -536,11 +541,28 @@ def _paged_tiles_stage1(
     l_safe = tl.where(nonempty, l_i, 1.0)
     lse = tl.where(nonempty, m_i + tl.log2(l_safe), float("-inf"))
     tl.store(Mid_o + rows[:, None] * stride_mob + heads[:, None] * stride_moh + pid_s * stride_mos + offs_d[None, :],
-             acc / l_safe[:, None], mask=mask_m[:, None] & mask_d[None, :])
+             acc / l_safe[:, None], mask=(mask_m & nonempty)[:, None] & mask_d[None, :])  # (stage 2 skips -inf)
     tl.store(Mid_lse + rows * stride_mlb + heads * stride_mlh + pid_s, lse, mask=mask_m)
 
 
 TILE_ROWS = 64  # (token, head) rows of a query tile: BLOCK_Q = TILE_ROWS // group tokens
+
+
+# A tiles launch splits each tile's keys over programs, at least TILE_SPLIT_TOKENS each: a decode row or a chunk's
+# tile over a long history would otherwise be one program's serial loop (at a graph's 322 tiles the wave count
+# gave one split; journal 2026-12-06 27a). The fp32 partials of every row for every split cost memory: at most
+# TILE_PARTIALS_BYTES of them.
+TILE_SPLIT_TOKENS = 1024
+TILE_PARTIALS_BYTES = 256 << 20
+
+
+def tile_num_splits(rows: int, num_q_heads: int, head_dim: int, max_len: int,
+                    min_tokens: int = TILE_SPLIT_TOKENS) -> int:
+    """Splits per (tile, kv head) of a tiles launch of `rows` query rows whose contexts reach `max_len` tokens
+    (the block table's width): enough that splits of `min_tokens` cover `max_len`, as many as the partials'
+    memory allows. Shapes only."""
+    most = max(1, TILE_PARTIALS_BYTES // (rows * num_q_heads * head_dim * 4))
+    return max(1, min(MAX_SPLITS, most, triton.cdiv(max_len, min_tokens)))
 
 
 def tile_tokens(group: int) -> int:
@@ -562,14 +584,15 @@ def query_tiles(query_lens: list[int], block_q: int) -> tuple[list[int], list[in
 
 def paged_tiles_attention(q, k_cache, v_cache, block_tables, seq_lens, tile_starts, tile_counts, scale: float,
                           num_splits: int | None = None, block_n: int = 32, num_warps: int | None = None,
-                          num_stages: int = 2) -> torch.Tensor:
+                          num_stages: int = 2, min_split_tokens: int = TILE_SPLIT_TOKENS) -> torch.Tensor:
     """Attention of the query rows `q [T, Hq, D]` of a step, each row r over the first `seq_lens[r]` tokens of
     its sequence's paged cache (`block_tables [T, W]`, a row per query row), grouped in tiles: tile i is
     rows tile_starts[i] .. + tile_counts[i] (at most `tile_tokens(group)`, consecutive rows of one sequence;
     count 0: unused). Every row must be in a tile. The result equals `paged_decode_attention` of the same
     rows; a tile reads each K/V tile once for all its tokens. Shapes only, no host sync: graph-safe.
     `block_n`, `num_warps`, `num_stages`: the launch (keys a loop step; at prefill shapes the best of eight tried
-    was within 10% of the defaults, journal 2026-12-05 17a)."""
+    was within 10% of the defaults, journal 2026-12-05 17a). `num_splits`: programs per (tile, kv head), each
+    over at least `min_split_tokens` keys of the tile's context (default `tile_num_splits`)."""
     T, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
     check_decode_inputs(q, block_tables, seq_lens, num_kv_heads, head_dim)
@@ -579,7 +602,7 @@ def paged_tiles_attention(q, k_cache, v_cache, block_tables, seq_lens, tile_star
     block_m = max(16, triton.next_power_of_2(block_q * group))
     num_tiles = tile_starts.shape[0]
     if num_splits is None:
-        num_splits = default_num_splits(num_tiles, num_kv_heads, block_tables.shape[1] * page_size, q.device)
+        num_splits = tile_num_splits(T, num_q_heads, head_dim, block_tables.shape[1] * page_size)
     mid_o = torch.empty(T, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(T, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
     out = torch.empty(T, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
@@ -593,7 +616,8 @@ def paged_tiles_attention(q, k_cache, v_cache, block_tables, seq_lens, tile_star
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
         GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-        PAGE_SIZE=page_size, BLOCK_N=block_n, DOT_DTYPE=dot_dtype(k_cache.dtype, q.device),
+        PAGE_SIZE=page_size, BLOCK_N=block_n, MIN_TILES=max(1, min_split_tokens // block_n),
+        DOT_DTYPE=dot_dtype(k_cache.dtype, q.device),
         DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
         num_warps=num_warps or (4 if block_m <= 64 else 8), num_stages=num_stages,  # acc [BLOCK_M, D] fp32
     )

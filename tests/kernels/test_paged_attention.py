@@ -12,7 +12,8 @@ DEVICE = use_interpreter_without_gpu()
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from kernels.paged_attention import (paged_decode_attention, paged_decode_attention_ref, paged_tiles_attention,  # noqa: E402
+from kernels.paged_attention import (MAX_SPLITS, TILE_PARTIALS_BYTES, tile_num_splits,  # noqa: E402
+                                     paged_decode_attention, paged_decode_attention_ref, paged_tiles_attention,
                                      query_tiles, store_kv, store_kv_ref, tile_tokens,
                                      wave_num_splits)
 
@@ -141,6 +142,16 @@ def test_store_kv_writes_each_token_where_indexing_does(dtype):
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
 
 
+def test_tile_num_splits_cover_the_context_within_the_partials_budget():
+    """A tiles launch's splits: enough of TILE_SPLIT_TOKENS for the longest context, however many tiles the launch
+    has (a graph's fixed grid), at most what TILE_PARTIALS_BYTES of partials hold."""
+    assert tile_num_splits(322, 32, 128, 8192) == 8
+    assert tile_num_splits(64, 32, 128, 40960) == 40
+    assert tile_num_splits(2048, 32, 128, 40960) == TILE_PARTIALS_BYTES // (2048 * 32 * 128 * 4) == 8
+    assert tile_num_splits(16, 32, 128, 500) == 1
+    assert tile_num_splits(16, 32, 128, 40960, min_tokens=256) == MAX_SPLITS
+
+
 def test_wave_num_splits_fills_whole_waves():
     # the H200 measurements behind it (BENCHMARKS.md 2i): 3 programs per SM x 132 SMs, B=8 x 8 kv heads, 510 tiles
     assert wave_num_splits(64, 510, 396, 64) == 6        # 384 programs: one wave (9 splits took two)
@@ -155,11 +166,20 @@ def test_wave_num_splits_fills_whole_waves():
     assert wave_num_splits(64, 255, 528, 64, 2.5) == 8
 
 
-@pytest.mark.parametrize("group,dtype,num_splits", [(3, torch.float16, 3), (8, torch.bfloat16, 1), (4, torch.float32, 2)])
-def test_query_tiles_equal_decode_rows(group, dtype, num_splits):
+@pytest.mark.parametrize("group,dtype,num_splits,min_split_tokens", [
+    (3, torch.float16, 3, 16), (8, torch.bfloat16, 1, 1024), (4, torch.float32, 2, 1024), (4, torch.float16, 7, 32)])
+def test_query_tiles_equal_decode_rows(group, dtype, num_splits, min_split_tokens, monkeypatch):
     """A step of prompt chunks and decodes in tiles (`paged_tiles_attention`) gives what the decode kernel's
     reference gives for the same query rows: each row over its own causal context. Chunks longer than a
-    tile, a chunk starting mid-block, single decode tokens, and unused tiles at the end."""
+    tile, a chunk starting mid-block, single decode tokens, and unused tiles at the end; splits of at least
+    `min_split_tokens` keys, the last ones empty for short contexts, whose partials stay unwritten (the buffers
+    start as NaN here) and are not read."""
+    empty = torch.empty
+
+    def nan_empty(*shape, **kw):
+        t = empty(*shape, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+    monkeypatch.setattr(torch, "empty", nan_empty)
     gen = torch.Generator().manual_seed(group)
     block_size, num_kv_heads, head_dim = 16, 2, 64
     lens, chunks = [70, 5, 150, 1, 33], [70, 1, 40, 1, 20]  # each sequence's cached tokens after the step, its rows
@@ -176,6 +196,6 @@ def test_query_tiles_equal_decode_rows(group, dtype, num_splits):
     args = [t.to(DEVICE) for t in (q, k_cache, v_cache, tables, seq_lens)]
     tiles = [torch.tensor(x, dtype=torch.int32, device=DEVICE) for x in (starts, counts)]
     scale = head_dim ** -0.5
-    out = paged_tiles_attention(*args, *tiles, scale, num_splits=num_splits)
+    out = paged_tiles_attention(*args, *tiles, scale, num_splits=num_splits, min_split_tokens=min_split_tokens)
     atol, rtol = TOL[dtype]
     torch.testing.assert_close(out.float(), paged_decode_attention_ref(*args, scale).float(), atol=atol, rtol=rtol)
