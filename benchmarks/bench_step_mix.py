@@ -16,6 +16,7 @@ blocks.
 `--long`: the long-context tenants' served config instead (`qwen3_30b_long_*` of `loadtest/gpu_serving.sh`: 8 GiB of
 KV, 40,960 positions, 64 sequences, `max_step_ms` 80, graphs to 2,048 tokens) and their mix in tokens, two chats to a
 document (`loadtest/tenants_long.yaml`: documents of 16k-32k tokens, 32 out; chats of 500-6,000, 96 out).
+`--profile`: the measured steps' GPU time by kernel (torch.profiler), per arm and user count.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import json
 import random
 import statistics
 import sys
+from collections import defaultdict
 import time
 from pathlib import Path
 
@@ -65,10 +67,10 @@ def timed(fn, spent: dict, key: str):
     return wrapped
 
 
-def run(engine, users: int, steps: int, warmup: int, seed: int = 0,
-        tenants: dict = TENANTS) -> tuple[list[dict], list[tuple[str, float]]]:
+def run(engine, users: int, steps: int, warmup: int, seed: int = 0, tenants: dict = TENANTS,
+        profiler=None) -> tuple[list[dict], list[tuple[str, float]]]:
     """Every step after `warmup` (a row each), and (tenant, ms from its arrival to its first token) of the requests
-    that arrived after it."""
+    that arrived after it. `profiler` (torch.profiler, not started): it records the measured steps."""
     rng = random.Random(seed)
     names = [name for name in sorted(tenants) for _ in range(tenants[name][2])]
     arrived: dict[str, tuple[str, float]] = {}  # request id -> (tenant, arrival), until its first token
@@ -89,9 +91,12 @@ def run(engine, users: int, steps: int, warmup: int, seed: int = 0,
     graphs._run_pieces = lambda *args: spent["pieces_out"].append(1) or run_pieces(*args)  # (a step in graph pieces)
     for _ in range(users):
         submit(False)
-    rows = []
+    rows, profiling = [], False
     try:
         for i in range(warmup + steps):
+            if profiler is not None and i == warmup:
+                profiler.start()
+                profiling = True
             spent.update(compress=0.0, forward=0.0, compress_out=[], forward_out=[], pieces_out=[])
             torch.cuda.synchronize()
             t = time.perf_counter()
@@ -120,6 +125,9 @@ def run(engine, users: int, steps: int, warmup: int, seed: int = 0,
                              "decodes": sum(n == 1 for _, n in engine.plan), "prompt_tokens": sum(n for _, n in chunks),
                              "prompt_chunks": len(chunks), "history": max((at for at, _ in chunks), default=0)})
     finally:
+        if profiling:
+            torch.cuda.synchronize()
+            profiler.stop()
         cache.compress, graphs.run, graphs._run_pieces = compress, replay, run_pieces
         for rid in list(engine.requests):
             engine.abort(rid)
@@ -144,6 +152,17 @@ def summarize(rows: list[dict], first_tokens: list[tuple[str, float]]) -> dict:
     return out
 
 
+def kernel_table(profiler, steps: int) -> list[dict]:
+    """The profiled steps' GPU time by kernel name: ms and launches a step, the most first."""
+    by_name = defaultdict(lambda: [0.0, 0])
+    for e in profiler.events():
+        if e.device_type.name == "CUDA":
+            by_name[e.name][0] += e.device_time_total / steps / 1e3
+            by_name[e.name][1] += 1 / steps
+    return sorted(({"kernel": k[:90], "ms_per_step": ms, "launches_per_step": n} for k, (ms, n) in by_name.items()),
+                  key=lambda r: -r["ms_per_step"])
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--arms", default="fp16,alrkvd-gpu,alrkvd-gpu:pieces")
@@ -151,6 +170,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--warmup", type=int, default=40)
     p.add_argument("--long", action="store_true", help="the long-context tenants and their served config")
+    p.add_argument("--profile", action="store_true",
+                   help="the measured steps' GPU time by kernel (torch.profiler; the steps' times include its cost)")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     result = {"device": torch.cuda.get_device_name(), "runs": []}
@@ -158,10 +179,18 @@ def main() -> int:
         engine = served_engine(arm, a.long)
         engine.graphs.capture_all()
         for users in (int(u) for u in a.users.split(",")):
-            rows, first_tokens = run(engine, users, a.steps, a.warmup, tenants=LONG_TENANTS if a.long else TENANTS)
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) if a.profile else None
+            rows, first_tokens = run(engine, users, a.steps, a.warmup, tenants=LONG_TENANTS if a.long else TENANTS,
+                                     profiler=profiler)
             s = summarize(rows, first_tokens)
             result["runs"].append({"arm": arm, "users": users, "summary": s, "steps": rows,
                                    "first_tokens": first_tokens})
+            if profiler is not None:
+                kernels = result["runs"][-1]["kernels"] = kernel_table(profiler, a.steps)
+                print(f"{arm:18} users {users:2}: GPU {sum(k['ms_per_step'] for k in kernels):.1f} ms a step in "
+                      f"{sum(k['launches_per_step'] for k in kernels):.0f} kernels; the most:", flush=True)
+                for k in kernels[:12]:
+                    print(f"  {k['ms_per_step']:7.2f} ms {k['launches_per_step']:6.0f}x  {k['kernel']}", flush=True)
             kinds = "; ".join(f"{k} {d['steps']}x {d['ms_p50']:.1f} ms (max {d['ms_max']:.1f}, forward "
                               f"{d['forward_ms_p50']:.1f}, compression {d['compress_ms_p50']:.1f}, "
                               f"{d['prompt_tokens_p50']:.0f} tokens in {d['prompt_chunks_p50']:.0f}, history "

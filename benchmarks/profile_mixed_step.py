@@ -12,7 +12,6 @@ import argparse
 import json
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -21,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.sampling import SamplingParams  # noqa: E402
 from benchmarks.bench_engine import dummy_engine  # noqa: E402
+from benchmarks.bench_step_mix import kernel_table  # noqa: E402
 
 
 def main() -> int:
@@ -77,13 +77,7 @@ def main() -> int:
         for _ in range(5):
             step()
         torch.cuda.synchronize()
-    by_name = defaultdict(lambda: [0.0, 0])
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            by_name[e.name][0] += e.device_time_total / 5 / 1e3  # ms per step
-            by_name[e.name][1] += 1 / 5
-    rows = sorted(({"kernel": k[:90], "ms_per_step": v[0], "launches_per_step": v[1]} for k, v in by_name.items()),
-                  key=lambda r: -r["ms_per_step"])
+    rows = kernel_table(prof, 5)
     total = sum(r["ms_per_step"] for r in rows)
     launches = sum(r["launches_per_step"] for r in rows)
     print(f"step {wall_ms:.2f} ms (median of 5, wall); GPU time per step {total:.2f} ms in {launches:.0f} kernels")
