@@ -1,9 +1,11 @@
 """Stall-free batching under load: the same Locust load (loadtest/tenants_mixed.yaml: chats streaming
-while documents arrive) against the dense `smollm2` config (`alrkvd-cpu` KV) without `max_step_ms`, then
-with it (and with `--target-ratio`, a step target relative to the decode step instead), one server, one run.
+while documents arrive) against the dense `smollm2` config (`alrkvd-cpu` KV; `--model smollm2_moe`: the default
+deployment's) without `max_step_ms`, then with it (an arm per target of `--target-ms`; with `--target-ratio`, a step
+target relative to the decode step instead), one server, one run.
 The chat tenant's inter-token latency p99 against its p50 says whether prompts stall streams.
 
     python -m benchmarks.bench_stall_free --target-ms 150 --users 6 --run-time 180s --out reports/stall_free
+    python -m benchmarks.bench_stall_free --target-ms 1000,500 ...   # an arm per target
 """
 from __future__ import annotations
 
@@ -17,11 +19,11 @@ from loadtest import run as lt_run
 from server.serve import TritonLauncher, free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-BASE = REPO_ROOT / "model_repository" / "smollm2"
+REPOSITORY = REPO_ROOT / "model_repository"
 
 
-def write_variant(repo: Path, name: str, params: dict) -> None:
-    text = (BASE / "config.pbtxt").read_text().replace('name: "smollm2"', f'name: "{name}"')
+def write_variant(repo: Path, base: str, name: str, params: dict) -> None:
+    text = (REPOSITORY / base / "config.pbtxt").read_text().replace(f'name: "{base}"', f'name: "{name}"')
     for key, value in params.items():
         entry = f'{{ key: "{key}", value: {{ string_value: "{value}" }} }}'
         text, n = re.subn(rf'\{{ key: "{key}", value: \{{ string_value: "[^"]*" \}} \}}', entry, text)
@@ -29,7 +31,7 @@ def write_variant(repo: Path, name: str, params: dict) -> None:
             text = text.replace("parameters: [\n", f"parameters: [\n  {entry},\n")
     (repo / name).mkdir(parents=True)
     (repo / name / "config.pbtxt").write_text(text)
-    (repo / name / "1").symlink_to(BASE / "1", target_is_directory=True)
+    (repo / name / "1").symlink_to((REPOSITORY / base / "1").resolve(), target_is_directory=True)
 
 
 def tenant_figures(summary_path: Path) -> dict:
@@ -46,22 +48,30 @@ def tenant_figures(summary_path: Path) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_stall_free", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target-ms", type=float, required=True, help="max_step_ms of the stall-free arm")
+    p.add_argument("--target-ms", required=True,
+                   help="max_step_ms of the stall-free arm (a comma list: an arm each, smollm2_target<ms>)")
     p.add_argument("--target-ratio", type=float, help="also an arm with this max_step_ratio (and no max_step_ms)")
+    p.add_argument("--model", default="smollm2", help="the model_repository config the arms vary (smollm2_moe: the "
+                   "default deployment's)")
     p.add_argument("--users", type=int, default=6)
     p.add_argument("--run-time", default="180s")
     p.add_argument("--warmup", default="20s")
     p.add_argument("--tenants", default=str(REPO_ROOT / "loadtest" / "tenants_mixed.yaml"))
     p.add_argument("--out", type=Path, default=Path("reports/stall_free"))
     a = p.parse_args(argv)
-    arms = {"smollm2_base": {"max_step_ms": "none"}, "smollm2_stallfree": {"max_step_ms": a.target_ms}}
+    targets = [float(t) for t in a.target_ms.split(",")]
+    arms = {f"{a.model}_base": {"max_step_ms": "none"}}
+    if len(targets) == 1:
+        arms[f"{a.model}_stallfree"] = {"max_step_ms": targets[0]}
+    else:
+        arms.update((f"{a.model}_target{t:g}", {"max_step_ms": t}) for t in targets)
     if a.target_ratio is not None:
-        arms["smollm2_ratio"] = {"max_step_ms": "none", "max_step_ratio": a.target_ratio}
+        arms[f"{a.model}_ratio"] = {"max_step_ms": "none", "max_step_ratio": a.target_ratio}
     results = {}
     with tempfile.TemporaryDirectory(prefix="alrkvd-stallfree-") as tmp:
         repo = Path(tmp) / "model_repository"
         for name, params in arms.items():
-            write_variant(repo, name, params)
+            write_variant(repo, a.model, name, params)
         http, grpc, metrics = free_ports(3)
         launcher = TritonLauncher(model_repository=repo, host="127.0.0.1", http_port=http, grpc_port=grpc,
                                   metrics_port=metrics)
