@@ -49,7 +49,7 @@ def tenant_figures(summary_path: Path) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_stall_free", description=__doc__.split("\n\n")[0])
     p.add_argument("--target-ms", required=True,
-                   help="max_step_ms of the stall-free arm (a comma list: an arm each, smollm2_target<ms>)")
+                   help="max_step_ms of the stall-free arms, a comma list (an arm each: MODEL_target<ms>)")
     p.add_argument("--target-ratio", type=float, help="also an arm with this max_step_ratio (and no max_step_ms)")
     p.add_argument("--model", default="smollm2", help="the model_repository config the arms vary (smollm2_moe: the "
                    "default deployment's)")
@@ -61,10 +61,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     targets = [float(t) for t in a.target_ms.split(",")]
     arms = {f"{a.model}_base": {"max_step_ms": "none"}}
-    if len(targets) == 1:
-        arms[f"{a.model}_stallfree"] = {"max_step_ms": targets[0]}
-    else:
-        arms.update((f"{a.model}_target{t:g}", {"max_step_ms": t}) for t in targets)
+    arms.update((f"{a.model}_target{t:g}", {"max_step_ms": t}) for t in targets)
     if a.target_ratio is not None:
         arms[f"{a.model}_ratio"] = {"max_step_ms": "none", "max_step_ratio": a.target_ratio}
     results = {}
