@@ -6,6 +6,8 @@ The chat tenant's inter-token latency p99 against its p50 says whether prompts s
 
     python -m benchmarks.bench_stall_free --target-ms 150 --users 6 --run-time 180s --out reports/stall_free
     python -m benchmarks.bench_stall_free --target-ms 1000,500 ...   # an arm per target
+    python -m benchmarks.bench_stall_free --model smollm2_moe --tenants loadtest/tenants.yaml --target-ms 300,1000 \
+        --steps 1,4,8 --step-time 60s     # the default tenants, users in steps
 """
 from __future__ import annotations
 
@@ -34,16 +36,22 @@ def write_variant(repo: Path, base: str, name: str, params: dict) -> None:
     (repo / name / "1").symlink_to((REPOSITORY / base / "1").resolve(), target_is_directory=True)
 
 
-def tenant_figures(summary_path: Path) -> dict:
-    tenants = json.loads(summary_path.read_text())["tenants"]
-    chat, doc = tenants["chat"], tenants["document"]
-    if not chat["ok"] or not doc["ok"]:
-        raise SystemExit(f"{summary_path}: no chat or document request finished; run longer (--run-time)")
-    return {"chat_requests": chat["ok"], "chat_failed": chat["failed"],
-            "chat_itl_p50_ms": chat["itl_ms"]["p50"], "chat_itl_p99_ms": chat["itl_ms"]["p99"],
-            "chat_itl_p99_over_p50": chat["itl_ms"]["p99"] / chat["itl_ms"]["p50"] if chat["itl_ms"]["count"] else None,
-            "chat_ttft_p50_ms": chat["ttft_ms"]["p50"], "document_requests": doc["ok"],
-            "document_failed": doc["failed"], "document_ttft_p50_ms": doc["ttft_ms"]["p50"]}
+def arm_figures(summary_path: Path) -> dict:
+    """An arm's figures from its load test's summary: per tenant (streams' inter-token p50 / p99, first token, share
+    of requests within the tenant's SLO) and, with the steps shape, per step of users."""
+    summary = json.loads(summary_path.read_text())
+
+    def figures(s: dict) -> dict:
+        itl = s["itl_ms"]
+        return {"requests": s["ok"], "failed": s["failed"], "itl_p50_ms": itl["p50"], "itl_p99_ms": itl["p99"],
+                "itl_p99_over_p50": itl["p99"] / itl["p50"] if itl["count"] else None,
+                "ttft_p50_ms": s["ttft_ms"]["p50"], "ttft_p90_ms": s["ttft_ms"]["p90"],
+                "within_slo": s["goodput"]["share"], "output_tok_s": s.get("output_throughput_tok_s")}
+
+    if not all(t["ok"] for t in summary["tenants"].values()):
+        raise SystemExit(f"{summary_path}: a tenant finished no request; run longer (--run-time)")
+    return {"tenants": {name: figures(t) for name, t in summary["tenants"].items()},
+            "by_users": {str(c["users"]): figures(c["overall"]) for c in summary.get("by_concurrency", [])}}
 
 
 def main(argv=None) -> int:
@@ -55,6 +63,8 @@ def main(argv=None) -> int:
                    "default deployment's)")
     p.add_argument("--users", type=int, default=6)
     p.add_argument("--run-time", default="180s")
+    p.add_argument("--steps", help="a steps shape instead (users a step, e.g. 1,4,8), each --step-time long")
+    p.add_argument("--step-time", default="60s")
     p.add_argument("--warmup", default="20s")
     p.add_argument("--tenants", default=str(REPO_ROOT / "loadtest" / "tenants_mixed.yaml"))
     p.add_argument("--out", type=Path, default=Path("reports/stall_free"))
@@ -77,21 +87,26 @@ def main(argv=None) -> int:
         try:
             launcher.wait_until_ready(900)
             for name in arms:  # one after the other: the arms never share the CPU
+                shape = (["--shape", "steps", "--steps", a.steps, "--step-time", a.step_time] if a.steps else
+                         ["--shape", "fixed", "--users", str(a.users), "--run-time", a.run_time])
                 rc = lt_run.main(["--host", f"http://{launcher.http_url}", "--grpc-url", launcher.grpc_url,
-                                  "--server", "never", "--tenants", a.tenants, "--model", name, "--shape", "fixed",
-                                  "--users", str(a.users), "--run-time", a.run_time, "--warmup", a.warmup,
-                                  "--out", str(a.out / name)])
+                                  "--server", "never", "--tenants", a.tenants, "--model", name, *shape,
+                                  "--warmup", a.warmup, "--out", str(a.out / name)])
                 if rc != 0:
                     raise SystemExit(f"load test against {name} failed ({rc})")
-                results[name] = {"params": arms[name], **tenant_figures(a.out / name / "summary.json")}
+                results[name] = {"params": arms[name], **arm_figures(a.out / name / "summary.json")}
         finally:
             launcher.stop()
-    (a.out / "summary.json").write_text(json.dumps({"users": a.users, "run_time": a.run_time, "arms": results},
+    load = {"steps": a.steps, "step_time": a.step_time} if a.steps else {"users": a.users, "run_time": a.run_time}
+    (a.out / "summary.json").write_text(json.dumps({**load, "tenants_file": a.tenants, "arms": results},
                                                    indent=1) + "\n")
-    print(f"{'arm':<18} {'chat ITL p50':>12} {'p99':>8} {'p99/p50':>8} {'chat TTFT p50':>13} {'doc TTFT p50':>12}")
+    print(f"{'arm':<24} {'tenant or users':<16} {'ITL p50':>8} {'p99':>7} {'p99/p50':>7} {'TTFT p50':>9} {'p90':>7} "
+          f"{'in SLO':>6} {'tok/s':>6}")
     for name, r in results.items():
-        print(f"{name:<18} {r['chat_itl_p50_ms']:>10.0f}ms {r['chat_itl_p99_ms']:>6.0f}ms "
-              f"{r['chat_itl_p99_over_p50']:>8.1f} {r['chat_ttft_p50_ms']:>11.0f}ms {r['document_ttft_p50_ms']:>10.0f}ms")
+        for key, f in [*r["tenants"].items(), *((f"{u} users", f) for u, f in r["by_users"].items())]:
+            print(f"{name:<24} {key:<16} {f['itl_p50_ms']:>8.0f} {f['itl_p99_ms']:>7.0f} {f['itl_p99_over_p50']:>7.1f} "
+                  f"{f['ttft_p50_ms']:>9.0f} {f['ttft_p90_ms']:>7.0f} {f['within_slo']:>6.0%} "
+                  f"{f['output_tok_s'] or 0:>6.1f}")
     return 0
 
 

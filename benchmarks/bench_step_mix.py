@@ -26,8 +26,8 @@ import json
 import random
 import statistics
 import sys
-from collections import defaultdict
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import torch
