@@ -19,7 +19,8 @@ HELD_SHARE = 0.9  # a step is held when this share of its requests meets its ten
 
 def compare(summaries: dict[str, dict]) -> dict:
     """{config name: summary.json} -> per-step rows and, per config, the most users a held step had and the best
-    goodput (requests/s meeting the SLO) of any step; with two configs, the second's ratios to the first."""
+    goodput (requests/s meeting the SLO) of any step, overall and per tenant (a step's many short chats can hold it
+    while its few long documents all miss their SLO); with two configs, the second's ratios to the first."""
     rows, configs = [], {}
     for name, summary in summaries.items():
         steps = [c for c in summary["by_concurrency"] if c["users"] is not None]
@@ -30,17 +31,33 @@ def compare(summaries: dict[str, dict]) -> dict:
                          "itl_p50_ms": o["itl_ms"]["p50"], "itl_p90_ms": o["itl_ms"]["p90"],
                          "goodput_share": o["goodput"]["share"], "goodput_rps": o["goodput"]["rate_rps"],
                          "output_tok_s": o["output_throughput_tok_s"]})
-        held = [r["users"] for r in rows if r["config"] == name and (r["goodput_share"] or 0) >= HELD_SHARE]
-        configs[name] = {"sessions_held": max(held, default=0),
-                         "best_goodput_rps": max((r["goodput_rps"] or 0 for r in rows if r["config"] == name),
-                                                 default=0.0)}
+        configs[name] = _held([(c["users"], c["overall"]) for c in steps])
+        tenants = sorted({t for c in steps for t in c.get("tenants", {})})
+        if len(tenants) > 1:
+            configs[name]["tenants"] = {t: _held([(c["users"], c["tenants"][t]) for c in steps
+                                                  if c["tenants"].get(t, {}).get("requests")]) for t in tenants}
     result = {"held_share": HELD_SHARE, "configs": configs, "steps": rows}
     if len(configs) == 2:
         (a, ca), (b, cb) = configs.items()
-        ratio = lambda x, y: x / y if y else None  # noqa: E731
-        result["ratios"] = {"of": b, "to": a, "sessions_held": ratio(cb["sessions_held"], ca["sessions_held"]),
-                            "best_goodput": ratio(cb["best_goodput_rps"], ca["best_goodput_rps"])}
+        result["ratios"] = {"of": b, "to": a, **_ratios(cb, ca)}
+        shared = set(ca.get("tenants", {})) & set(cb.get("tenants", {}))
+        if shared:
+            result["ratios"]["tenants"] = {t: _ratios(cb["tenants"][t], ca["tenants"][t]) for t in sorted(shared)}
     return result
+
+
+def _held(steps: list[tuple[int, dict]]) -> dict:
+    """(users, a step's metrics) -> the most users of a step whose goodput share reaches HELD_SHARE, and the best
+    goodput of any step."""
+    share = lambda m: m["goodput"]["share"] or 0  # noqa: E731
+    return {"sessions_held": max((u for u, m in steps if share(m) >= HELD_SHARE), default=0),
+            "best_goodput_rps": max((m["goodput"]["rate_rps"] or 0 for _, m in steps), default=0.0)}
+
+
+def _ratios(b: dict, a: dict) -> dict:
+    ratio = lambda x, y: x / y if y else None  # noqa: E731
+    return {"sessions_held": ratio(b["sessions_held"], a["sessions_held"]),
+            "best_goodput": ratio(b["best_goodput_rps"], a["best_goodput_rps"])}
 
 
 def _f(v, nd=1) -> str:
@@ -51,10 +68,17 @@ def render_markdown(result: dict) -> str:
     lines = [f"A step is held when at least {result['held_share']:.0%} of its requests meet their SLO.", "",
              "| config | sessions held | best goodput (req/s) |", "|---|---:|---:|"]
     lines += [f"| {n} | {c['sessions_held']} | {_f(c['best_goodput_rps'], 3)} |" for n, c in result["configs"].items()]
+    if any("tenants" in c for c in result["configs"].values()):
+        lines += ["", "Per tenant (its requests alone):", "",
+                  "| config | tenant | sessions held | best goodput (req/s) |", "|---|---|---:|---:|"]
+        lines += [f"| {n} | {t} | {h['sessions_held']} | {_f(h['best_goodput_rps'], 3)} |"
+                  for n, c in result["configs"].items() for t, h in c.get("tenants", {}).items()]
     if "ratios" in result:
         r = result["ratios"]
         lines += ["", f"{r['of']} against {r['to']}: sessions held {_f(r['sessions_held'], 2)}x, "
                       f"best goodput {_f(r['best_goodput'], 2)}x"]
+        lines += [f"- {t}: sessions held {_f(x['sessions_held'], 2)}x, best goodput {_f(x['best_goodput'], 2)}x"
+                  for t, x in r.get("tenants", {}).items()]
     lines += ["", "| config | users | requests (failed) | TTFT p50 / p90 ms | ITL p50 / p90 ms | goodput share | "
                   "goodput req/s | output tok/s |", "|---|---:|---:|---|---|---:|---:|---:|"]
     for r in result["steps"]:

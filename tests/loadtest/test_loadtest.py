@@ -418,6 +418,30 @@ def test_compare_counts_the_sessions_held_at_the_slo(tmp_path):
         compare.main([str(tmp_path), "--out", str(tmp_path / "cmp")])
 
 
+def test_compare_holds_each_tenant_on_its_own_requests(tmp_path):
+    """Per tenant, a step is held on that tenant's requests alone: many chats within their SLO hold the step overall
+    while its few documents all miss theirs (the long-context run of 2026-12-06: 92 chats and 6 documents at 32
+    users). A step where a tenant sent nothing says nothing of it."""
+    def step(users, chat, document):
+        s = _step(users, 0.9, chat[1] + document[1])
+        s["tenants"] = {"chat": _step(users, *chat)["overall"], "document": _step(users, *document)["overall"]}
+        if document[0] is None:
+            s["tenants"]["document"]["requests"] = 0
+        return s
+    runs = {"fp16": [step(4, (1.0, 0.3), (1.0, 0.1)), step(8, (1.0, 0.5), (0.5, 0.05)),
+                     step(16, (1.0, 0.9), (0.0, 0))],
+            "alrkvd": [step(4, (1.0, 0.3), (1.0, 0.1)), step(8, (0.8, 0.4), (0.95, 0.2)),
+                       step(16, (0.5, 0.4), (None, 0))]}
+    summaries = {name: {"by_concurrency": steps} for name, steps in runs.items()}
+    result = compare.compare(summaries)
+    assert result["configs"]["fp16"]["sessions_held"] == 16
+    assert result["configs"]["fp16"]["tenants"] == {"chat": {"sessions_held": 16, "best_goodput_rps": 0.9},
+                                                    "document": {"sessions_held": 4, "best_goodput_rps": 0.1}}
+    assert result["configs"]["alrkvd"]["tenants"]["document"] == {"sessions_held": 8, "best_goodput_rps": 0.2}
+    assert result["ratios"]["tenants"]["document"] == {"sessions_held": 2.0, "best_goodput": 2.0}
+    assert "- document: sessions held 2.00x, best goodput 2.00x" in compare.render_markdown(result)
+
+
 def test_report_poisson_arrivals_and_empty_run(tmp_path):
     _fake_run(tmp_path / "p", shape="poisson")
     s = build_summary(read_records(tmp_path / "p" / "requests.jsonl"), json.loads((tmp_path / "p" / "run.json").read_text()))
