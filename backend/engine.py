@@ -85,6 +85,8 @@ class EngineArgs:
     scheduling_policy: str = "fcfs"    # "fcfs" or "priority" (lower value first)
     attention_backend: str = "auto"    # "auto": Triton decode kernels on CUDA; "torch": reference path; "triton":
                                        # the kernels on any device (CPU: Triton's interpreter, tests)
+    enable_prefix_caching: bool = False  # a request whose first tokens fill blocks cached from an earlier one
+                                         # (a chat's history) takes those blocks, not computing them (kv_cache.py)
     kv_compress_stream: bool = False   # CUDA: compress the blocks decode steps fill on a side stream (no
                                        # gain measured: the basis solve synchronises; BENCHMARKS.md 2b)
     enforce_eager: bool = False        # CUDA: no CUDA graphs (backend/cuda_graphs.py)
@@ -200,6 +202,7 @@ class LLMEngine:
         self.faults: dict[str, str] = {}       # request id -> injected fault (test hook, FAULTS)
         self.ids = itertools.count()
         self.num_preemptions = 0
+        self.prefix_cache_hit_tokens = 0  # prompt tokens admitted requests took from the prefix cache
         self.scheduled: list[Sequence] = []  # the sequences of the step under way
         self.plan: list[tuple[Sequence, int]] = []  # the last step's (sequence, tokens)
         self.reset_cache(args.kv_format, args.kv_options, args.kv_budget_bytes, args.max_num_seqs)
@@ -215,7 +218,8 @@ class LLMEngine:
         graph_tokens = min(a.cuda_graph_max_tokens, a.max_num_batched_tokens)
         self.cache = PagedKVCache(self.cfg, self.model.rotary, kv_format, a.kv_options, budget_bytes, max_num_seqs,
                                   self.model.embed_tokens.weight.dtype, a.device, a.attention_backend,
-                                  a.kv_compress_stream, max_query_rows=graph_tokens)
+                                  a.kv_compress_stream, max_query_rows=graph_tokens,
+                                  prefix_caching=a.enable_prefix_caching)
         self.model.rotate_values(self.cache.value_rotation)  # the values this cache stores: V, or V R
         self.graphs = None  # graphs hold the old cache's tensors: captured anew for this one
         if not a.enforce_eager and StepGraphs.supported(self.model, self.cache):
@@ -343,6 +347,7 @@ class LLMEngine:
         for seq in candidates:
             if budget == 0:
                 break
+            cached = 0 if seq in self.running else self.cache.match_prefix(seq.kv, seq.all_ids)
             n = min(seq.num_pending, budget)
             if in_graph and not self.graphs.piecewise:  # (piecewise: chunks across blocks, attention eager)
                 n = min(n, self.cache.mixed_chunk_limit(seq.kv))
@@ -358,11 +363,13 @@ class LLMEngine:
                 # admit only with a block to spare per running sequence, so decodes do not thrash
                 if (len(self.running) >= self.args.max_num_seqs
                         or not self.cache.can_allocate(seq.kv, n, reserve=len(self.running))):
+                    self.cache.free(seq.kv)  # (the cached blocks it took)
                     if self.step_cost is None:
                         break  # first come, first served: nobody overtakes the head of the queue
                     continue
                 self.waiting.remove(seq)
                 self.running.append(seq)
+                self.prefix_cache_hit_tokens += cached
             self.cache.allocate(seq.kv, n)
             if in_graph:
                 self.cache.take_run(seq.kv, n)  # (a chunk across its block's end: a run of window slots)
@@ -417,6 +424,8 @@ class LLMEngine:
             hidden = self.model(torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
                                 self.cache, batch)
         self.cache.commit(batch)
+        for seq, _ in scheduled:
+            self.cache.cache_blocks(seq.kv, seq.all_ids)
         # sample for every sequence whose whole context is now cached (last prefill chunk or decode)
         ready = [(seq, i) for (seq, _), i in zip(scheduled, last) if seq.num_pending == 0]
         if not ready:
@@ -575,6 +584,7 @@ class LLMEngine:
             "running": len(self.running),
             "waiting": len(self.waiting),
             "num_preemptions": self.num_preemptions,
+            "prefix_cache_hit_tokens": self.prefix_cache_hit_tokens,
             **cache,
             "kv_tokens": tokens,
             "kv_bytes_per_token": used / tokens if tokens else nominal,

@@ -9,9 +9,12 @@ of a page-addressed format writes every sequence's token at once and attends in 
 """
 from __future__ import annotations
 
+import hashlib
 import inspect
 import itertools
 import logging
+from array import array
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -59,6 +62,13 @@ class SeqKV:
     block_table: list[int] = field(default_factory=list)
     num_tokens: int = 0          # tokens stored, the same in every layer
     window_slot: int | None = None
+    block_hashes: list[bytes] = field(default_factory=list)  # prefix caching: its full blocks' prefix hashes
+
+
+def prefix_hash(previous: bytes | None, tokens: list[int]) -> bytes:
+    """A full block's key in the prefix cache: its tokens and, through the previous block's key, every token before
+    them (what its keys and values depend on)."""
+    return hashlib.blake2b((previous or b"") + array("q", tokens).tobytes(), digest_size=16).digest()
 
 
 @dataclass
@@ -80,29 +90,66 @@ class AttentionBatch:
 
 
 class BlockAllocator:
+    """Block ids, each free or held by sequences. With prefix caching (`PagedKVCache.match_prefix`) a full block is
+    also known by its prefix hash: several sequences may hold it, and once none does it keeps its contents
+    (evictable, the least recently released first) until a new block needs its room."""
+
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
         self.free_ids = list(range(num_blocks - 1, -1, -1))
+        self.refs = [0] * num_blocks
+        self.by_hash: dict[bytes, int] = {}  # prefix hash -> block
+        self.hash_of: dict[int, bytes] = {}  # block -> its prefix hash
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # cached blocks no sequence holds, oldest first
 
     @property
     def num_free(self) -> int:
-        return len(self.free_ids)
+        return len(self.free_ids) + len(self.evictable)
 
     def allocate(self, n: int) -> list[int]:
-        if n > len(self.free_ids):
-            raise MemoryError(f"KV cache out of blocks: need {n}, have {len(self.free_ids)}")
-        return [self.free_ids.pop() for _ in range(n)]
+        if n > self.num_free:
+            raise MemoryError(f"KV cache out of blocks: need {n}, have {self.num_free}")
+        ids = []
+        for _ in range(n):
+            if self.free_ids:
+                block = self.free_ids.pop()
+            else:  # a cached block's room: it leaves the prefix cache
+                block, _ = self.evictable.popitem(last=False)
+                del self.by_hash[self.hash_of.pop(block)]
+            self.refs[block] = 1
+            ids.append(block)
+        return ids
 
     def free(self, ids: list[int]):
-        self.free_ids.extend(reversed(ids))
+        for block in reversed(ids):
+            assert self.refs[block] > 0, f"block {block} freed twice"
+            self.refs[block] -= 1
+            if self.refs[block]:
+                continue
+            if block in self.hash_of:
+                self.evictable[block] = None
+            else:
+                self.free_ids.append(block)
+
+    def hold(self, block: int):
+        """Another holder of a cached block."""
+        if not self.refs[block]:
+            del self.evictable[block]
+        self.refs[block] += 1
+
+    def cache(self, block: int, key: bytes):
+        """A full block known by its prefix hash from now on (the first block of a hash keeps it)."""
+        if key not in self.by_hash and block not in self.hash_of:
+            self.by_hash[key], self.hash_of[block] = block, key
 
 
 class PagedKVCache:
     def __init__(self, cfg: ModelConfig, rotary, kv_format: str = "fp16", kv_options: dict | None = None,
                  budget_bytes: int = 256 << 20, max_num_seqs: int = 16, dtype=torch.float32, device="cpu",
-                 attention_backend: str = "auto", compress_stream: bool = False, max_query_rows: int = 0):
+                 attention_backend: str = "auto", compress_stream: bool = False, max_query_rows: int = 0,
+                 prefix_caching: bool = False):
         """`max_query_rows`: the most query rows of a step the decode kernels take (at least `max_num_seqs`;
-        more when CUDA graphs carry prompt chunks beside decodes)."""
+        more when CUDA graphs carry prompt chunks beside decodes). `prefix_caching`: `match_prefix`."""
         if kv_format not in FORMATS:
             raise ValueError(f"unknown kv format {kv_format!r}; choose from {sorted(FORMATS)}")
         options = dict(kv_options or {})
@@ -112,6 +159,9 @@ class PagedKVCache:
         self.sink_tokens = int(options.pop("sink_tokens", 0))
         if self.sink_tokens and not (fmt_cls.windowed and 0 < self.sink_tokens <= self.block_size):
             raise ValueError(f"sink_tokens must be in 0..block_size ({self.block_size}), for windowed formats only")
+        if prefix_caching and self.sink_tokens:  # (a sequence's exact sink lives in its window slot, not its blocks)
+            raise ValueError("prefix caching does not take a KV preset with sink_tokens")
+        self.prefix_caching = prefix_caching
         # values rotated by a fixed randomized Hadamard R, which the engine folds into the model's value and
         # output projections (Transformer.rotate_values): the format stores V R, the kernels read it as it is
         rotate = to_bool(options.pop("rotate_values", False))
@@ -295,7 +345,39 @@ class PagedKVCache:
         self.allocator.free(seq.block_table)
         if seq.window_slot is not None:
             self.free_slots.append(seq.window_slot)
-        seq.block_table, seq.num_tokens, seq.window_slot = [], 0, None
+        seq.block_table, seq.num_tokens, seq.window_slot, seq.block_hashes = [], 0, None, []
+
+    # ---- prefix caching -----------------------------------------------------------------
+    # A block that a sequence's tokens fill is known by its prefix hash (`cache_blocks`); a new sequence whose first
+    # tokens are the same takes those blocks instead of computing them (`match_prefix`), as vLLM's automatic prefix
+    # caching does: a chat's next turn repeats its history. Blocks no sequence holds stay cached until their room is
+    # needed, so a cache that holds more tokens (a compressed format) keeps more histories.
+    def match_prefix(self, seq: SeqKV, ids: list[int]) -> int:
+        """A sequence with nothing cached takes the cached blocks of its first tokens, whole blocks in order as far
+        as they match, never its last token (whose logits it needs). Returns the tokens it need not compute."""
+        if not self.prefix_caching or seq.block_table:
+            return 0
+        bs, key = self.block_size, None
+        for i in range((len(ids) - 1) // bs):
+            key = prefix_hash(key, ids[i * bs:(i + 1) * bs])
+            block = self.allocator.by_hash.get(key)
+            if block is None:
+                break
+            self.allocator.hold(block)
+            seq.block_table.append(block)
+            seq.block_hashes.append(key)
+        seq.num_tokens = len(seq.block_table) * bs
+        return seq.num_tokens
+
+    def cache_blocks(self, seq: SeqKV, ids: list[int]):
+        """After a step: the blocks that `seq`'s tokens `ids` have filled are known by their prefix hash."""
+        if not self.prefix_caching:
+            return
+        bs = self.block_size
+        for i in range(len(seq.block_hashes), seq.num_tokens // bs):
+            key = prefix_hash(seq.block_hashes[-1] if seq.block_hashes else None, ids[i * bs:(i + 1) * bs])
+            seq.block_hashes.append(key)
+            self.allocator.cache(seq.block_table[i], key)
 
     def commit(self, batch: AttentionBatch):
         """After a forward step: the step's tokens are now part of each sequence's cache, and the blocks

@@ -96,6 +96,9 @@ def main() -> None:
     p.add_argument("--piecewise-graphs", action=argparse.BooleanOptionalAction,
                    help="ALR-KVD and KIVI: prompt chunks beside decodes not cut at their block's end; steps with one "
                         "across a block replay graph pieces, attention eager between them (default: the engine's, off)")
+    p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction,
+                   help="a request takes the cached KV blocks of its first tokens (a chat's history) instead of "
+                        "computing them (enable_prefix_caching; default: the engine's, off)")
     a = p.parse_args()
     options = {"kv_budget_bytes": int(a.kv_budget_gb * 2**30), "max_model_len": a.max_model_len,
                "max_num_seqs": a.max_num_seqs, "max_num_batched_tokens": 2048, "moe_routing": a.moe_routing}
@@ -109,6 +112,8 @@ def main() -> None:
         options["cuda_graph_max_tokens"] = a.cuda_graph_max_tokens
     if a.piecewise_graphs is not None:
         options["piecewise_graphs"] = a.piecewise_graphs
+    if a.prefix_caching is not None:
+        options["enable_prefix_caching"] = a.prefix_caching
     if a.expert_fraction is not None:
         options["expert_budget_bytes"] = int(a.expert_fraction * routed_expert_bytes(SHAPES[a.shape]))
     write(a.out, a.shape, a.name, options)

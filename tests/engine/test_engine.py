@@ -146,6 +146,73 @@ def test_preemption_recomputes_and_frees(smollm):
     assert tight.cache.allocator.num_free == tight.cache.allocator.num_blocks
 
 
+HISTORY = " ".join(PROMPTS) * 6  # a chat's history: the next turn's prompt repeats it
+
+
+def _turns(engine):
+    """A history, then the next turn (the history and a new message), greedy, one after the other."""
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    return [engine.generate([text], params)[0].token_ids
+            for text in (HISTORY, HISTORY + " And then the fisherman said")]
+
+
+@pytest.mark.parametrize("kv_format", ["full", "alrkvd"])
+def test_prefix_caching_takes_the_history_and_keeps_the_tokens(smollm, kv_format):
+    """enable_prefix_caching: the next turn takes the blocks the history filled instead of computing them (every
+    whole block of the prompts' common tokens; for ALR-KVD its compressed blocks), and its greedy tokens are those
+    of an engine without the cache; afterwards every block is free again (the cached ones evictable)."""
+    plain = smollm if kv_format == "full" else LLMEngine(EngineArgs(kv_format=kv_format))
+    cached = LLMEngine(EngineArgs(kv_format=kv_format, enable_prefix_caching=True))
+    assert _turns(cached) == _turns(plain)
+    first, second = (cached.tokenizer.encode(t) for t in (HISTORY, HISTORY + " And then the fisherman said"))
+    common = next((i for i, (a, b) in enumerate(zip(first, second)) if a != b), len(first))
+    bs = cached.cache.block_size
+    assert cached.prefix_cache_hit_tokens == common // bs * bs > 0
+    assert plain.stats()["prefix_cache_hit_tokens"] == 0
+    allocator = cached.cache.allocator
+    assert allocator.num_free == allocator.num_blocks and not any(allocator.refs)
+    assert len(allocator.evictable) == len(allocator.by_hash) > 0
+
+
+def test_prefix_caching_under_a_tight_cache(smollm):
+    """Cached blocks give their room to new ones (least recently released first), and a request that is not
+    admitted gives back the cached blocks it took: the same tokens as without the cache, and nothing leaks."""
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    prompts = [HISTORY[:200], PROMPTS[3] * 4, HISTORY[:200] + " Yes."]
+    expected = [o.token_ids for o in smollm.generate(prompts, params)]
+    tight = LLMEngine(EngineArgs(kv_format="full", kv_budget_bytes=12 * smollm.cache.block_bytes, max_num_seqs=1,
+                                 enable_prefix_caching=True))
+    allocator = tight.cache.allocator
+    assert [o.token_ids for o in tight.generate(prompts[:1], params)] == expected[:1]
+    history = len(allocator.by_hash)
+    ids = [tight.add_request(p, params) for p in prompts[1:]]  # the third waits: one sequence at a time
+    tight.step()
+    assert allocator.num_free + len(tight.running[0].kv.block_table) == allocator.num_blocks  # it held none
+    outs = {}
+    while tight.has_unfinished():
+        outs.update({o.request_id: o.token_ids for o in tight.step() if o.finished})
+    assert [outs[i] for i in ids] == expected[1:]
+    # the second evicted the history's last blocks, not its first: the third took what was left of it
+    assert 0 < tight.prefix_cache_hit_tokens < history * tight.cache.block_size
+    assert allocator.num_free == allocator.num_blocks and not any(allocator.refs)
+
+
+def test_block_allocator_holds_and_evicts_cached_blocks():
+    from backend.kv_cache import BlockAllocator
+    a = BlockAllocator(4)
+    x, y = a.allocate(2)
+    a.cache(x, b"x")
+    a.hold(x)  # a second sequence takes it
+    a.free([x, y])
+    assert a.num_free == 3 and a.refs[x] == 1
+    a.free([x])
+    assert a.num_free == 4 and list(a.evictable) == [x] and a.by_hash == {b"x": x}
+    assert sorted(a.allocate(3)) == sorted(set(range(4)) - {x})  # free blocks before the cached one
+    assert a.allocate(1) == [x] and a.by_hash == {} and a.hash_of == {}  # then its room: it leaves the cache
+    with pytest.raises(AssertionError, match="freed twice"):
+        a.free([y, y])
+
+
 def test_bad_requests(smollm):
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams.from_dict({"temperature": -1})

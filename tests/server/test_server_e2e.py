@@ -433,7 +433,7 @@ def test_metrics_match_what_was_sent(triton_server):
     assert metric(s, "alrkvd:kv_cache_blocks_total", model) > 0
     assert metric(s, "alrkvd:kv_cache_compression_ratio", model) > 0
     for gauge in ("alrkvd:num_requests_running", "alrkvd:num_requests_waiting", "alrkvd:kv_cache_usage_perc",
-                  "alrkvd:num_preemptions_total"):
+                  "alrkvd:num_preemptions_total", "alrkvd:prefix_cache_hit_tokens_total"):
         assert metric(s, gauge, model) >= 0
 
 

@@ -66,6 +66,9 @@ class TritonMetrics:
             ITERATION_BUCKETS)
         self.preemptions = metric(
             "alrkvd:num_preemptions_total", "Sequences preempted (their KV freed, recomputed later)", F.COUNTER)
+        self.prefix_cache_hits = metric(
+            "alrkvd:prefix_cache_hit_tokens_total", "Prompt tokens taken from the prefix cache, not computed",
+            F.COUNTER)
         self.prompt_tokens = metric(
             "alrkvd:prompt_tokens_total", "Prompt tokens of admitted requests", F.COUNTER)
         self.generation_tokens = metric(
@@ -115,6 +118,7 @@ class MetricsLogger:
         self.routing_fn = routing_fn  # () -> [MoE layers, experts] routed-token counts, or None (dense)
         self.steps_fn = steps_fn  # () -> the tokens of each engine step since the last call
         self.preempted = 0  # the engine's preemptions counted so far
+        self.prefix_hits = 0  # the engine's prefix-cache hit tokens counted so far
         self.interval_s = interval_s
         self.queue: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._loop, name="alrkvd-metrics", daemon=True)
@@ -217,6 +221,10 @@ class MetricsLogger:
         if preempted > self.preempted:
             m.preemptions.increment(preempted - self.preempted)
             self.preempted = preempted
+        hits = s.get("prefix_cache_hit_tokens", 0)
+        if hits > self.prefix_hits:
+            m.prefix_cache_hits.increment(hits - self.prefix_hits)
+            self.prefix_hits = hits
         counts = self.routing_fn() if self.routing_fn is not None else None
         if counts is not None:
             for gauge, load in zip(m.moe_imbalance, counts):
