@@ -147,29 +147,37 @@ def test_preemption_recomputes_and_frees(smollm):
 
 
 HISTORY = " ".join(PROMPTS) * 6  # a chat's history: the next turn's prompt repeats it
-
-
-def _turns(engine):
-    """A history, then the next turn (the history and a new message), greedy, one after the other."""
-    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
-    return [engine.generate([text], params)[0].token_ids
-            for text in (HISTORY, HISTORY + " And then the fisherman said")]
+NEXT_TURN = HISTORY + " And then the fisherman said"
 
 
 @pytest.mark.parametrize("kv_format", ["full", "alrkvd"])
-def test_prefix_caching_takes_the_history_and_keeps_the_tokens(smollm, kv_format):
-    """enable_prefix_caching: the next turn takes the blocks the history filled instead of computing them (every
-    whole block of the prompts' common tokens; for ALR-KVD its compressed blocks), and its greedy tokens are those
-    of an engine without the cache; afterwards every block is free again (the cached ones evictable)."""
-    plain = smollm if kv_format == "full" else LLMEngine(EngineArgs(kv_format=kv_format))
+def test_prefix_caching_takes_the_history_blocks(smollm, kv_format):
+    """enable_prefix_caching: the next turn takes the blocks the history filled (every whole block of the prompts'
+    common tokens; for ALR-KVD its compressed blocks) instead of computing them. With a lossless format its greedy
+    tokens are those of an engine without the cache (a lossy one reads those tokens compressed, where an engine
+    without the cache reads them exactly inside the next turn's prompt chunk). Afterwards every block is free
+    again, the cached ones evictable."""
+    from backend.kv_cache import prefix_hash
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     cached = LLMEngine(EngineArgs(kv_format=kv_format, enable_prefix_caching=True))
-    assert _turns(cached) == _turns(plain)
-    first, second = (cached.tokenizer.encode(t) for t in (HISTORY, HISTORY + " And then the fisherman said"))
-    common = next((i for i, (a, b) in enumerate(zip(first, second)) if a != b), len(first))
-    bs = cached.cache.block_size
-    assert cached.prefix_cache_hit_tokens == common // bs * bs > 0
-    assert plain.stats()["prefix_cache_hit_tokens"] == 0
-    allocator = cached.cache.allocator
+    first, second = (cached.tokenizer.encode(t) for t in (HISTORY, NEXT_TURN))
+    bs, allocator = cached.cache.block_size, cached.cache.allocator
+    whole = next((i for i, (a, b) in enumerate(zip(first, second)) if a != b), len(first)) // bs
+    assert whole > 0
+    answers = [cached.generate([HISTORY], params)[0].token_ids]
+    key, history_blocks = None, []
+    for i in range(whole):
+        key = prefix_hash(key, second[i * bs:(i + 1) * bs])
+        history_blocks.append(allocator.by_hash[key])
+    rid = cached.add_request(NEXT_TURN, params)
+    cached.step()
+    assert cached.running[0].kv.block_table[:whole] == history_blocks
+    while cached.has_unfinished():
+        answers += [o.token_ids for o in cached.step() if o.request_id == rid and o.finished]
+    assert cached.prefix_cache_hit_tokens == whole * bs
+    if kv_format == "full":
+        assert answers == [o.token_ids for o in smollm.generate([HISTORY, NEXT_TURN], params)]
+    assert smollm.stats()["prefix_cache_hit_tokens"] == 0
     assert allocator.num_free == allocator.num_blocks and not any(allocator.refs)
     assert len(allocator.evictable) == len(allocator.by_hash) > 0
 
