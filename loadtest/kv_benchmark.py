@@ -31,16 +31,27 @@ NAME = re.compile(r'^name:\s*"[^"]*"', re.M)
 SERVER_METRICS = "server_metrics.json"
 
 
-def variant_config(base_config: str, name: str, kv_format: str) -> str:
-    """`base_config` (config.pbtxt text) renamed to `name` with engine parameter kv_format = `kv_format`."""
+def variant_config(base_config: str, name: str, kv_format: str, params: dict[str, str] | None = None) -> str:
+    """`base_config` (config.pbtxt text) renamed to `name` with engine parameter kv_format = `kv_format`, and the
+    engine parameters `params` set (replaced where the base has them, else added)."""
     if not NAME.search(base_config) or not KV_FORMAT.search(base_config):
         raise ValueError("base config.pbtxt needs a name and a kv_format parameter")
     text = NAME.sub(f'name: "{name}"', base_config, count=1)
-    return KV_FORMAT.sub(lambda m: f"{m.group(1)}{kv_format}{m.group(2)}", text, count=1)
+    text = KV_FORMAT.sub(lambda m: f"{m.group(1)}{kv_format}{m.group(2)}", text, count=1)
+    for key, value in (params or {}).items():
+        entry = re.compile(r'(key:\s*"' + re.escape(key) + r'",\s*value:\s*\{\s*string_value:\s*")[^"]*(")')
+        if entry.search(text):
+            text = entry.sub(lambda m: f"{m.group(1)}{value}{m.group(2)}", text, count=1)
+        else:
+            text = text.replace("parameters: [", f'parameters: [\n  {{ key: "{key}", value: {{ string_value: '
+                                                  f'"{value}" }} }},', 1)
+    return text
 
 
-def build_repository(models: list[str], root: Path, source: Path = MODEL_REPOSITORY) -> Path:
-    """A model repository under `root` with one `<base>_<format>` config per name in `models`."""
+def build_repository(models: list[str], root: Path, source: Path = MODEL_REPOSITORY,
+                     params: dict[str, str] | None = None) -> Path:
+    """A model repository under `root` with one `<base>_<format>` config per name in `models` (engine parameters
+    `params` set in each)."""
     repo = root / "model_repository"
     repo.mkdir(parents=True)
     for model in models:
@@ -49,17 +60,20 @@ def build_repository(models: list[str], root: Path, source: Path = MODEL_REPOSIT
             raise SystemExit(f"model {model!r} is not <base>_<kv_format> with a base in {source}")
         d = repo / model
         d.mkdir()
-        (d / "config.pbtxt").write_text(variant_config((source / base / "config.pbtxt").read_text(), model, kv_format))
+        (d / "config.pbtxt").write_text(variant_config((source / base / "config.pbtxt").read_text(), model, kv_format,
+                                                       params))
         (d / "1").symlink_to((source / base / "1").resolve(), target_is_directory=True)
     return repo
 
 
 def server_gauges(metrics_url: str) -> dict[str, dict[str, float]]:
-    """The server's alrkvd:kv_cache_* gauges and token counters, per model (Prometheus text)."""
+    """The server's alrkvd:kv_cache_* gauges and token counters (prefix-cache hits too), per model (Prometheus
+    text)."""
     with urllib.request.urlopen(metrics_url, timeout=10) as r:
         text = r.read().decode()
     out: dict[str, dict[str, float]] = {}
-    for m in re.finditer(r'^alrkvd:(kv_cache_\w+|generation_tokens_total|prompt_tokens_total)\{([^}]*)\} (\S+)$',
+    for m in re.finditer(r'^alrkvd:(kv_cache_\w+|generation_tokens_total|prompt_tokens_total|'
+                         r'prefix_cache_hit_tokens_total)\{([^}]*)\} (\S+)$',
                          text, re.M):
         labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
         out.setdefault(labels.get("model", "?"), {})[m.group(1)] = float(m.group(3))
@@ -78,13 +92,16 @@ def main(argv=None) -> int:
     p.add_argument("--rate", type=float, default=0.5)
     p.add_argument("--warmup", default="10s")
     p.add_argument("--ready-timeout", type=float, default=900.0)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an engine parameter of every config (e.g. enable_prefix_caching=true, kv_budget_bytes=N)")
     a = p.parse_args(argv)
+    params = dict(kv.split("=", 1) for kv in a.set)
 
     from server.serve import TritonLauncher, free_ports
 
     models = sorted({t.model for t in load_tenants(a.tenants).tenants})
     with tempfile.TemporaryDirectory(prefix="alrkvd-kvbench-") as tmp:
-        repo = build_repository(models, Path(tmp))
+        repo = build_repository(models, Path(tmp), params=params)
         http, grpc, metrics = free_ports(3)
         launcher = TritonLauncher(model_repository=repo, host="127.0.0.1", http_port=http, grpc_port=grpc,
                                   metrics_port=metrics)

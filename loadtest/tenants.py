@@ -33,7 +33,8 @@ it, the text repeated past its end with its paragraphs in another seeded order):
 - `document`: question answering over a document of `words` words, then a short question;
 - `conversation`: multi-turn chat whose history grows: `turns` turns a session, each adding a user message and
   an assistant reply of about `words` words each; prompt k is turn k % turns of session k // turns (its history
-  and the new message, as plain text), so a session's prompts grow by two messages a turn.
+  and the new message, as plain text), so a session's prompts grow by two messages a turn. A Locust user continues
+  its own session, each turn sent after the last one's answer (`users.LLMUser.next_seq`).
 """
 
 from __future__ import annotations

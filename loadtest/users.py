@@ -447,6 +447,7 @@ class LLMUser(User):
         super().__init__(environment)
         self.state: RunState = environment.loadtest
         self.client = self.make_client()
+        self.session, self.turn = 0, None  # a conversation tenant's session this user continues, its next turn
 
     def make_client(self):
         raise NotImplementedError
@@ -466,10 +467,22 @@ class LLMUser(User):
                                              response_time=value_ms, response_length=length,
                                              exception=exception, context=context or {})
 
+    def next_seq(self) -> int:
+        """The tenant's next prompt. A conversation's turns (prompt k is turn k % turns of session k // turns) go
+        to one user in order, each sent after the last one's answer, as a person continues a chat: a turn finds its
+        history where the server left it. Sessions are numbered across the run's users."""
+        turns = self.tenant.prompt.turns
+        if turns <= 1:
+            return self.state.next_seq(self.tenant.name)
+        if self.turn is None or self.turn == turns:
+            self.session, self.turn = self.state.next_seq(f"{self.tenant.name}/sessions"), 0
+        self.turn += 1
+        return self.session * turns + self.turn - 1
+
     @task
     def generate(self):
         st, tn = self.state, self.tenant
-        seq = st.next_seq(tn.name)
+        seq = self.next_seq()
         prompt, max_tokens, words = tn.request(seq)
         sampling, invalid = tn.sampling, tn.invalid_kind(seq)
         if invalid is not None:

@@ -536,12 +536,47 @@ def test_shared_prompt_key_and_kv_benchmark_repository(tmp_path):
     assert len(text.splitlines()) == len(base.splitlines())
     for line, unchanged in zip(text.splitlines(), same):  # only the name and kv_format lines differ
         assert unchanged or line.startswith("name:") or '"kv_format"' in line, line
-    repo = build_repository(["smollm2_fp16", "smollm2_alrkvd-cpu"], tmp_path)
+    repo = build_repository(["smollm2_fp16", "smollm2_alrkvd-cpu"], tmp_path,
+                            params={"enable_prefix_caching": "true", "kv_budget_bytes": "33554432"})
     for m in ("smollm2_fp16", "smollm2_alrkvd-cpu"):
         assert (repo / m / "1" / "model.py").is_file()
-        assert f'name: "{m}"' in (repo / m / "config.pbtxt").read_text()
+        text = (repo / m / "config.pbtxt").read_text()
+        assert f'name: "{m}"' in text
+        # --set: a parameter the base has is replaced, one it lacks is added
+        assert text.count('"kv_budget_bytes"') == 1 and 'string_value: "33554432"' in text
+        assert '{ key: "enable_prefix_caching", value: { string_value: "true" } }' in text
     with pytest.raises(SystemExit):
         build_repository(["nomodel_fp16"], tmp_path / "x")
+
+
+SESSIONS_CHECK = textwrap.dedent("""
+    import json
+    from types import SimpleNamespace
+    from loadtest.tenants import parse_tenants
+    from loadtest.users import LLMUser, RunState
+
+    chat, plain = parse_tenants({"defaults": {"model": "m"}, "tenants": [
+        {"name": "chat", "prompt": {"source": "conversation", "turns": 3}}, {"name": "plain"}]}).tenants
+    state = RunState(grpc_url="x")
+    a, b = (SimpleNamespace(tenant=chat, state=state, session=0, turn=None) for _ in range(2))
+    sent = {"a": [], "b": []}
+    for who in "aabaabbbab":
+        sent[who].append(LLMUser.next_seq(a if who == "a" else b))
+    plain_user = SimpleNamespace(tenant=plain, state=state)
+    print(json.dumps({"sent": sent, "plain": [LLMUser.next_seq(plain_user) for _ in range(3)]}))
+""")
+
+
+def test_a_user_continues_its_own_conversation():
+    """A conversation tenant's turns go to one user in order (prompt k is turn k % turns of session k // turns), so
+    a turn is sent after its history's answer, as a person continues a chat (before, consecutive prompts went to
+    whichever user asked next: a session's turns were in flight at once); sessions are numbered across users.
+    (In a subprocess: Locust's import patches the process.)"""
+    out = subprocess.run([sys.executable, "-c", SESSIONS_CHECK], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["sent"] == {"a": [0, 1, 2, 6, 7], "b": [3, 4, 5, 9, 10]}  # b's second session is the third
+    assert result["plain"] == [0, 1, 2]
 
 
 def test_long_context_tenants_give_the_requested_lengths():
