@@ -8,7 +8,8 @@ this builds a throwaway model repository holding one config per such model: a co
 model_repository/<base>/config.pbtxt with its name and `kv_format` changed (everything else, and
 the model code, shared through a symlink), starts tritonserver on it with the project's launcher,
 runs `python -m loadtest.run` (steps shape by default: total users per step, split evenly between
-the tenants) and stops the server. The report folder compares the formats per tenant.
+the tenants) and stops the server. The report folder compares the formats per tenant. `--set KEY=VALUE` sets an
+engine parameter in every config (e.g. `enable_prefix_caching=true`).
 """
 
 from __future__ import annotations
@@ -95,7 +96,12 @@ def main(argv=None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="an engine parameter of every config (e.g. enable_prefix_caching=true, kv_budget_bytes=N)")
     a = p.parse_args(argv)
-    params = dict(kv.split("=", 1) for kv in a.set)
+    params = {}
+    for kv in a.set:
+        key, sep, value = kv.partition("=")
+        if not sep:
+            p.error(f"--set takes KEY=VALUE, not {kv!r}")
+        params[key] = value
 
     from server.serve import TritonLauncher, free_ports
 
