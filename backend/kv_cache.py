@@ -62,7 +62,10 @@ class SeqKV:
     block_table: list[int] = field(default_factory=list)
     num_tokens: int = 0          # tokens stored, the same in every layer
     window_slot: int | None = None
-    block_hashes: list[bytes] = field(default_factory=list)  # prefix caching: its full blocks' prefix hashes
+    # prefix caching: the prefix hashes of its tokens' first full blocks as far as computed (kept when it is freed:
+    # its tokens never change), and how many of its blocks are known by theirs
+    prefix_keys: list[bytes] = field(default_factory=list)
+    num_keyed_blocks: int = 0
 
 
 def prefix_hash(previous: bytes | None, tokens: list[int]) -> bytes:
@@ -345,7 +348,7 @@ class PagedKVCache:
         self.allocator.free(seq.block_table)
         if seq.window_slot is not None:
             self.free_slots.append(seq.window_slot)
-        seq.block_table, seq.num_tokens, seq.window_slot, seq.block_hashes = [], 0, None, []
+        seq.block_table, seq.num_tokens, seq.window_slot, seq.num_keyed_blocks = [], 0, None, 0
 
     # ---- prefix caching -----------------------------------------------------------------
     # A block that a sequence's tokens fill is known by its prefix hash (`cache_blocks`); a new sequence whose first
@@ -357,27 +360,33 @@ class PagedKVCache:
         as they match, never its last token (whose logits it needs). Returns the tokens it need not compute."""
         if not self.prefix_caching or seq.block_table:
             return 0
-        bs, key = self.block_size, None
-        for i in range((len(ids) - 1) // bs):
-            key = prefix_hash(key, ids[i * bs:(i + 1) * bs])
-            block = self.allocator.by_hash.get(key)
+        for i in range((len(ids) - 1) // self.block_size):
+            block = self.allocator.by_hash.get(self._prefix_key(seq, ids, i))
             if block is None:
                 break
             self.allocator.hold(block)
             seq.block_table.append(block)
-            seq.block_hashes.append(key)
-        seq.num_tokens = len(seq.block_table) * bs
+        seq.num_keyed_blocks = len(seq.block_table)
+        seq.num_tokens = len(seq.block_table) * self.block_size
         return seq.num_tokens
 
     def cache_blocks(self, seq: SeqKV, ids: list[int]):
         """After a step: the blocks that `seq`'s tokens `ids` have filled are known by their prefix hash."""
         if not self.prefix_caching:
             return
-        bs = self.block_size
-        for i in range(len(seq.block_hashes), seq.num_tokens // bs):
-            key = prefix_hash(seq.block_hashes[-1] if seq.block_hashes else None, ids[i * bs:(i + 1) * bs])
-            seq.block_hashes.append(key)
-            self.allocator.cache(seq.block_table[i], key)
+        full = seq.num_tokens // self.block_size
+        for i in range(seq.num_keyed_blocks, full):
+            self.allocator.cache(seq.block_table[i], self._prefix_key(seq, ids, i))
+        seq.num_keyed_blocks = max(seq.num_keyed_blocks, full)
+
+    def _prefix_key(self, seq: SeqKV, ids: list[int], i: int) -> bytes:
+        """The prefix hash of block `i` of `seq`'s tokens `ids`, computed once (a waiting request is matched anew
+        at every step that does not admit it)."""
+        bs, keys = self.block_size, seq.prefix_keys
+        while len(keys) <= i:
+            j = len(keys)
+            keys.append(prefix_hash(keys[-1] if keys else None, ids[j * bs:(j + 1) * bs]))
+        return keys[i]
 
     def commit(self, batch: AttentionBatch):
         """After a forward step: the step's tokens are now part of each sequence's cache, and the blocks
