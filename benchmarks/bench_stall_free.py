@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import tempfile
 from pathlib import Path
 
 from loadtest import run as lt_run
+from loadtest.kv_benchmark import set_parameters
 from server.serve import TritonLauncher, free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -26,11 +26,7 @@ REPOSITORY = REPO_ROOT / "model_repository"
 
 def write_variant(repo: Path, base: str, name: str, params: dict) -> None:
     text = (REPOSITORY / base / "config.pbtxt").read_text().replace(f'name: "{base}"', f'name: "{name}"')
-    for key, value in params.items():
-        entry = f'{{ key: "{key}", value: {{ string_value: "{value}" }} }}'
-        text, n = re.subn(rf'\{{ key: "{key}", value: \{{ string_value: "[^"]*" \}} \}}', entry, text)
-        if n == 0:
-            text = text.replace("parameters: [\n", f"parameters: [\n  {entry},\n")
+    text = set_parameters(text, params)
     (repo / name).mkdir(parents=True)
     (repo / name / "config.pbtxt").write_text(text)
     (repo / name / "1").symlink_to((REPOSITORY / base / "1").resolve(), target_is_directory=True)

@@ -27,26 +27,32 @@ from loadtest.tenants import load_tenants
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODEL_REPOSITORY = REPO_ROOT / "model_repository"
-KV_FORMAT = re.compile(r'(key:\s*"kv_format",\s*value:\s*\{\s*string_value:\s*")[^"]*(")')
 NAME = re.compile(r'^name:\s*"[^"]*"', re.M)
 SERVER_METRICS = "server_metrics.json"
+
+
+def _parameter(key: str) -> re.Pattern:
+    """An engine parameter's entry in config.pbtxt text, its value between the two groups."""
+    return re.compile(r'(key:\s*"' + re.escape(key) + r'",\s*value:\s*\{\s*string_value:\s*")[^"]*(")')
+
+
+def set_parameters(config: str, params: dict) -> str:
+    """config.pbtxt text with the engine parameters `params` set: replaced where it has them, else added first."""
+    for key, value in params.items():
+        config, n = _parameter(key).subn(lambda m: f"{m.group(1)}{value}{m.group(2)}", config, count=1)
+        if not n:
+            config = config.replace("parameters: [", f'parameters: [\n  {{ key: "{key}", value: {{ string_value: '
+                                                      f'"{value}" }} }},', 1)
+    return config
 
 
 def variant_config(base_config: str, name: str, kv_format: str, params: dict[str, str] | None = None) -> str:
     """`base_config` (config.pbtxt text) renamed to `name` with engine parameter kv_format = `kv_format`, and the
     engine parameters `params` set (replaced where the base has them, else added)."""
-    if not NAME.search(base_config) or not KV_FORMAT.search(base_config):
+    if not NAME.search(base_config) or not _parameter("kv_format").search(base_config):
         raise ValueError("base config.pbtxt needs a name and a kv_format parameter")
     text = NAME.sub(f'name: "{name}"', base_config, count=1)
-    text = KV_FORMAT.sub(lambda m: f"{m.group(1)}{kv_format}{m.group(2)}", text, count=1)
-    for key, value in (params or {}).items():
-        entry = re.compile(r'(key:\s*"' + re.escape(key) + r'",\s*value:\s*\{\s*string_value:\s*")[^"]*(")')
-        if entry.search(text):
-            text = entry.sub(lambda m: f"{m.group(1)}{value}{m.group(2)}", text, count=1)
-        else:
-            text = text.replace("parameters: [", f'parameters: [\n  {{ key: "{key}", value: {{ string_value: '
-                                                  f'"{value}" }} }},', 1)
-    return text
+    return set_parameters(text, {"kv_format": kv_format, **(params or {})})
 
 
 def build_repository(models: list[str], root: Path, source: Path = MODEL_REPOSITORY,

@@ -24,6 +24,8 @@ ITERATION_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16
 FINISH_REASONS = ("stop", "length", "cancelled", "timeout")
 # refused at the door (invalid, queue_full), failed in the engine (error), ended or refused by a stop (shutdown)
 FAILURE_REASONS = ("invalid", "queue_full", "error", "shutdown")
+# engine stats that are running totals -> the TritonMetrics counter that follows each
+COUNTED_STATS = {"num_preemptions": "preemptions", "prefix_cache_hit_tokens": "prefix_cache_hits"}
 
 
 EXPERT_GAUGES = {
@@ -117,8 +119,7 @@ class MetricsLogger:
         self.stats_fn = stats_fn
         self.routing_fn = routing_fn  # () -> [MoE layers, experts] routed-token counts, or None (dense)
         self.steps_fn = steps_fn  # () -> the tokens of each engine step since the last call
-        self.preempted = 0  # the engine's preemptions counted so far
-        self.prefix_hits = 0  # the engine's prefix-cache hit tokens counted so far
+        self.counted = dict.fromkeys(COUNTED_STATS, 0)  # the engine's running totals counted so far
         self.interval_s = interval_s
         self.queue: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._loop, name="alrkvd-metrics", daemon=True)
@@ -217,14 +218,11 @@ class MetricsLogger:
             gauge.set(s.get(key, 0.0))
         for tokens in self.steps_fn() if self.steps_fn is not None else ():
             m.iteration_tokens.observe(tokens)
-        preempted = s.get("num_preemptions", 0)
-        if preempted > self.preempted:
-            m.preemptions.increment(preempted - self.preempted)
-            self.preempted = preempted
-        hits = s.get("prefix_cache_hit_tokens", 0)
-        if hits > self.prefix_hits:
-            m.prefix_cache_hits.increment(hits - self.prefix_hits)
-            self.prefix_hits = hits
+        for key, counter in COUNTED_STATS.items():  # counters from the engine's running totals
+            total = s.get(key, 0)
+            if total > self.counted[key]:
+                getattr(m, counter).increment(total - self.counted[key])
+                self.counted[key] = total
         counts = self.routing_fn() if self.routing_fn is not None else None
         if counts is not None:
             for gauge, load in zip(m.moe_imbalance, counts):
