@@ -23,14 +23,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backend.engine import EngineArgs, LLMEngine  # noqa: E402
+from backend.evaluate import DEFAULT_TEXT  # noqa: E402
 from backend.sampling import SamplingParams  # noqa: E402
-
-TEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2-raw" / "wiki.test.raw"
 
 
 def sessions(tokenizer, count: int, length: int) -> list[list[int]]:
     """`count` windows of `length` tokens of the text, one a session, spread over it."""
-    ids = tokenizer.encode(TEXT.read_text()[:2_000_000])
+    ids = tokenizer.encode(Path(DEFAULT_TEXT).read_text())
     stride = (len(ids) - length) // max(count - 1, 1)
     assert stride >= length, "the text is too short for so many sessions"
     return [ids[i * stride:i * stride + length] for i in range(count)]
