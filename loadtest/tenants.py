@@ -30,7 +30,9 @@ request.
 
 Long-context tenants read real text (`path`, default the repository's WikiText-2 test set; seeded windows of
 it, the text repeated past its end with its paragraphs in another seeded order):
-- `document`: question answering over a document of `words` words, then a short question;
+- `document`: question answering over a document of `words` words, then a short question.
+  With `turns` n, a session asks n questions about one document (the questions in turn): prompt k is question
+  k % n about document k // n, so a session's prompts share the document as their prefix;
 - `conversation`: multi-turn chat whose history grows: `turns` turns a session, each adding a user message and
   an assistant reply of about `words` words each; prompt k is turn k % turns of session k // turns (its history
   and the new message, as plain text), so a session's prompts grow by two messages a turn. A Locust user continues
@@ -169,7 +171,7 @@ class PromptSource:
     path: str | None = None
     items: tuple[str, ...] = ()  # prompts loaded from `path`
     key: str | None = None  # names the prompt sequence (default: the tenant name)
-    turns: int = 1  # conversation: turns a session
+    turns: int = 1  # conversation: turns a session; document: questions a document
 
 
 @functools.lru_cache(maxsize=4)
@@ -252,9 +254,15 @@ class Tenant:
             order = list(range(len(p.items)))
             random.Random(f"{self.seed}/{key}/order").shuffle(order)
             text = p.prefix + p.items[order[k % len(order)]]
-        elif p.source == "document":
+        elif p.source == "document" and p.turns == 1:
             document = corpus_words(p.path, max(1, p.words.sample(rng)), rng)
             text = f"{p.prefix}{document}\n\nQuestion: {rng.choice(QUESTIONS)}\nAnswer briefly:"
+        elif p.source == "document":  # question k % turns about document k // turns
+            session, turn = divmod(k, p.turns)
+            srng = random.Random(f"{self.seed}/{key}/document/{session}")  # the session's document, whatever k
+            document = corpus_words(p.path, max(1, p.words.sample(srng)), srng)
+            question = QUESTIONS[(srng.randrange(len(QUESTIONS)) + turn) % len(QUESTIONS)]
+            text = f"{p.prefix}{document}\n\nQuestion: {question}\nAnswer briefly:"
         elif p.source == "conversation":
             session, turn = divmod(k, p.turns)
             srng = random.Random(f"{self.seed}/{key}/session/{session}")  # the session's history, whatever k

@@ -447,7 +447,7 @@ class LLMUser(User):
         super().__init__(environment)
         self.state: RunState = environment.loadtest
         self.client = self.make_client()
-        self.session, self.turn = 0, None  # a conversation tenant's session this user continues, its next turn
+        self.session, self.turn = 0, None  # the session this user continues, its next turn
 
     def make_client(self):
         raise NotImplementedError
@@ -468,9 +468,10 @@ class LLMUser(User):
                                              exception=exception, context=context or {})
 
     def next_seq(self) -> int:
-        """The tenant's next prompt. A conversation's turns (prompt k is turn k % turns of session k // turns) go
-        to one user in order, each sent after the last one's answer, as a person continues a chat: a turn finds its
-        history where the server left it. Sessions are numbered across the run's users."""
+        """The tenant's next prompt. A session's turns (prompt k is turn k % turns of session k // turns: a
+        conversation's, or questions about one document) go to one user in order, each sent after the last one's
+        answer, as a person continues a chat: a turn finds its history where the server left it. Sessions are
+        numbered across the run's users."""
         turns = self.tenant.prompt.turns
         if turns <= 1:
             return self.state.next_seq(self.tenant.name)

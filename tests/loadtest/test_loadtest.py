@@ -19,7 +19,7 @@ from loadtest.metrics import RequestRecord, derive, percentile, summarize
 from loadtest.records import JsonlWriter, read_records, write_run_meta
 from loadtest.report import PLOTS, build_summary, write_report
 from loadtest.sse import SSEParser, decode_triton_event
-from loadtest.tenants import Dist, load_tenants, parse_tenants
+from loadtest.tenants import Dist, corpus_words, load_tenants, parse_tenants
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -585,7 +585,8 @@ def test_long_context_tenants_give_the_requested_lengths():
     from loadtest.tenants import CORPUS, QUESTIONS, corpus_paragraphs
 
     doc, chat = load_tenants(REPO / "loadtest" / "tenants_long.yaml").tenants
-    assert (doc.prompt.source, chat.prompt.source, chat.prompt.turns) == ("document", "conversation", 8)
+    assert (doc.prompt.source, doc.prompt.turns) == ("document", 4)
+    assert (chat.prompt.source, chat.prompt.turns) == ("conversation", 8)
     corpus = {w for p in corpus_paragraphs(str(CORPUS)) for w in p}
     for k in range(6):
         text, _, words = doc.request(k)
@@ -602,6 +603,19 @@ def test_long_context_tenants_give_the_requested_lengths():
             history = prompts[k - 1].removesuffix("\nAssistant:")
             assert p.startswith(history + "\nAssistant: ")
     assert prompts[8].count("User: ") == 1 and prompts[8] != prompts[0]  # the next session starts anew
+
+
+def test_a_document_session_asks_its_questions_about_one_document():
+    """A document tenant with `turns` n: prompts k of one session (k // n) share the document and ask different
+    questions; the next session has another document; with one turn a prompt is what it always was."""
+    spec = {"name": "d", "prompt": {"source": "document", "words": 300, "turns": 3}}
+    doc, = parse_tenants({"seed": 36, "defaults": {"model": "m"}, "tenants": [spec]}).tenants
+    split = [doc.request(k)[0].split("\n\nQuestion: ") for k in range(6)]
+    assert split[0][0] == split[1][0] == split[2][0] != split[3][0] == split[4][0] == split[5][0]
+    assert len({q for _, q in split[:3]}) == 3 and len(split[0][0].split()) == 300
+    one, = parse_tenants({"seed": 36, "defaults": {"model": "m"}, "tenants": [dict(spec, prompt=dict(
+        spec["prompt"], turns=1))]}).tenants
+    assert one.request(0)[0].startswith(corpus_words(one.prompt.path, 300, random.Random("36/d/0")) + "\n\nQuestion: ")
 
 
 def test_long_context_sources_are_validated(tmp_path):
