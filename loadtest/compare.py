@@ -69,8 +69,8 @@ def render_markdown(result: dict) -> str:
              "| config | sessions held | best goodput (req/s) |", "|---|---:|---:|"]
     lines += [f"| {n} | {c['sessions_held']} | {_f(c['best_goodput_rps'], 3)} |" for n, c in result["configs"].items()]
     if any("tenants" in c for c in result["configs"].values()):
-        lines += ["", "Per tenant (its requests alone):", "",
-                  "| config | tenant | sessions held | best goodput (req/s) |", "|---|---|---:|---:|"]
+        lines += ["", "Per tenant (its requests alone; held counts the step's users of every tenant):", "",
+                  "| config | tenant | held at users | best goodput (req/s) |", "|---|---|---:|---:|"]
         lines += [f"| {n} | {t} | {h['sessions_held']} | {_f(h['best_goodput_rps'], 3)} |"
                   for n, c in result["configs"].items() for t, h in c.get("tenants", {}).items()]
     if "ratios" in result:
