@@ -202,7 +202,8 @@ class LLMEngine:
         self.faults: dict[str, str] = {}       # request id -> injected fault (test hook, FAULTS)
         self.ids = itertools.count()
         self.num_preemptions = 0
-        self.prefix_cache_hit_tokens = 0  # prompt tokens admitted requests took from the prefix cache
+        self.prefix_cache_hit_tokens = 0  # tokens admitted requests took from the prefix cache (a re-admitted one's
+        # generated tokens too: what it did not compute again)
         self.scheduled: list[Sequence] = []  # the sequences of the step under way
         self.plan: list[tuple[Sequence, int]] = []  # the last step's (sequence, tokens)
         self.reset_cache(args.kv_format, args.kv_options, args.kv_budget_bytes, args.max_num_seqs)

@@ -69,8 +69,8 @@ class TritonMetrics:
         self.preemptions = metric(
             "alrkvd:num_preemptions_total", "Sequences preempted (their KV freed, recomputed later)", F.COUNTER)
         self.prefix_cache_hits = metric(
-            "alrkvd:prefix_cache_hit_tokens_total", "Prompt tokens taken from the prefix cache, not computed",
-            F.COUNTER)
+            "alrkvd:prefix_cache_hit_tokens_total",
+            "Tokens taken from the prefix cache, not computed (a preempted request's generated ones too)", F.COUNTER)
         self.prompt_tokens = metric(
             "alrkvd:prompt_tokens_total", "Prompt tokens of admitted requests", F.COUNTER)
         self.generation_tokens = metric(
