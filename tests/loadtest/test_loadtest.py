@@ -605,6 +605,14 @@ def test_long_context_tenants_give_the_requested_lengths():
     assert prompts[8].count("User: ") == 1 and prompts[8] != prompts[0]  # the next session starts anew
 
 
+def test_long_context_tenants_with_pauses_send_the_same_prompts():
+    """tenants_long_think.yaml: tenants_long.yaml's prompt streams, with users pausing 5-15 s between turns."""
+    plain, think = (load_tenants(REPO / "loadtest" / f).tenants for f in ("tenants_long.yaml", "tenants_long_think.yaml"))
+    for a, b in zip(plain, think, strict=True):
+        assert (a.think_time_s, b.think_time_s) == ((0.0, 0.0), (5.0, 15.0))
+        assert [a.request(k) for k in range(3)] == [b.request(k) for k in range(3)]
+
+
 def test_a_document_session_asks_its_questions_about_one_document():
     """A document tenant with `turns` n: prompts k of one session (k // n) share the document and ask different
     questions; the next session has another document; with one turn a prompt is what it always was."""
