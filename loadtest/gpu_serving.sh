@@ -17,11 +17,12 @@
 #     --kv-budget-gb 8 --max-model-len 40960 --max-num-seqs 64 --max-step-ms 80 --cuda-graph-max-tokens 2048
 # (and _long_alrkvd_pieces with --kv-format alrkvd-gpu --piecewise-graphs: steps over long compressed histories, and
 # chunks across blocks that no run holds, in graph pieces instead of eager steps)
-# (with --prefix-caching, both: a chat's next turn takes its history's cached blocks, and a compressed cache keeps
-# more histories; not yet run on a GPU)
-# run there with TENANTS loadtest/tenants_long.yaml; `python -m loadtest.compare OUT/A OUT/B --out OUT/compare`
-# puts the runs side by side (sessions held at the SLO, goodput, overall and per tenant). Latest (H100, 2026-12-06,
-# BENCHMARKS.md section 5): `fp16` held at 32 users (its documents at 8), ALR-KVD at 4 (4).
+# (with --prefix-caching, both, as _long_*_pc: a turn takes its document's or history's cached blocks, and a
+# compressed cache keeps more of them)
+# run there with TENANTS loadtest/tenants_long.yaml (or tenants_long_think.yaml: users pausing between turns);
+# `python -m loadtest.compare OUT/A OUT/B --out OUT/compare` puts the runs side by side (sessions held at the SLO,
+# goodput, overall and per tenant). Latest (H100, 2026-12-06, BENCHMARKS.md section 5, the _pc configs, pauses):
+# both held at 16 users, ALR-KVD 0.72x `fp16`'s goodput with 40% of its prompt tokens from the cache against 1.8%.
 set -u
 out=${1:?usage: gpu_serving.sh OUT_DIR [STEPS] [STEP_TIME] [MODELS] [TENANTS]}
 steps=${2:-1,8,32}
