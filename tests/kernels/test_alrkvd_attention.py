@@ -170,14 +170,14 @@ def test_a_window_across_slots_after_the_rows_closed_blocks():
     _check(q, case, num_splits=2)
 
 
-@pytest.mark.parametrize("group", [3, 8])
-def test_a_prompt_chunk_in_tiles_of_rows_each_causal(group):
+@pytest.mark.parametrize("group,T", [(3, 32), (8, 32), (8, 128)])
+def test_a_prompt_chunk_in_tiles_of_rows_each_causal(group, T):
     # a prompt chunk's 45 rows after 2 compressed blocks, its tokens in a run of two window slots, read in tiles of
     # up to 8 rows (one program reads each compressed tile for the tile's rows), beside a decode row of another
     # sequence and an unused tile: each row sees the tokens before its own length (a tile's rows differ), as the
     # reference reads them row by row
     gen = torch.Generator().manual_seed(19)
-    H, D, T, n = 2, 64, 32, 45
+    H, D, n = 2, 64, 45  # blocks of T: 128, a block wider than the launch's tile of keys
     kv = lambda m, **kw: random_kv((m, H, D), torch.float16, gen, **kw)  # noqa: E731
     k_blocks = [[kv(T), kv(T)], [kv(T) for _ in range(3)]]
     v_blocks = [[kv(T, channel_outliers=0) for _ in ks] for ks in k_blocks]
@@ -210,10 +210,11 @@ def test_format_options(options):
     _check(q, case, num_splits=3)
 
 
-@pytest.mark.parametrize("key_frame", ["post_rope", "rotated"])
-def test_head_dim_128_and_splits(key_frame):
-    # Qwen3-like head: D = 128, group 4, block 64; more splits than blocks (empty splits)
-    q, case = _random_case([3 * 64 + 1], num_kv_heads=1, gqa=4, head_dim=128, block_size=64, seed=3,
+@pytest.mark.parametrize("key_frame,block_size", [("post_rope", 64), ("rotated", 64), ("rotated", 128)])
+def test_head_dim_128_and_splits(key_frame, block_size):
+    # Qwen3-like head: D = 128, group 4, blocks of 64 (the GPU preset) or 128 (a block a tile); more splits than
+    # blocks (empty splits)
+    q, case = _random_case([3 * block_size + 1], num_kv_heads=1, gqa=4, head_dim=128, block_size=block_size, seed=3,
                            rank_per_head=16.0, key_frame=key_frame)
     _check(q, case, num_splits=5)
 

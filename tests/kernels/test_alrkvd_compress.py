@@ -88,10 +88,11 @@ def test_refuses_gauss_above_2_bits_in_groups():
         _compare(k, k.clone(), [0], num_blocks=1, k_bits=2, v_bits=4, group=32)
 
 
-def test_head_dim_128():
+@pytest.mark.parametrize("block_size", [64, 128])
+def test_head_dim_128(block_size):
     gen = torch.Generator().manual_seed(5)
-    k = random_kv((1, 64, 1, 128), torch.float16, gen)
-    v = random_kv((1, 64, 1, 128), torch.float16, gen, channel_outliers=0)
+    k = random_kv((1, block_size, 1, 128), torch.float16, gen)
+    v = random_kv((1, block_size, 1, 128), torch.float16, gen, channel_outliers=0)
     _compare(k, v, [0], num_blocks=1, rank_per_head=16.0)
 
 
