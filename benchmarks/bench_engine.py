@@ -115,11 +115,14 @@ def cpu_logit_drift() -> dict:
 def kernel_format(name: str, head_dim: int) -> tuple[str, dict]:
     """A format name of these benchmarks -> (kv_format, kv_options): `alrkvd` with the options its Triton kernels
     read (`kernel_options`), `alrkvd-<frame>` the same with key_frame=<frame> (post_rope, rotated); presets
-    (backend/kv_presets.py) and other formats as they are."""
+    (backend/kv_presets.py) and other formats as they are. `NAME@key=value,...` overrides options
+    (`alrkvd-gpu@block_size=128`: the served preset in blocks of 128)."""
+    name, _, overrides = name.partition("@")
+    options = {k: int(v) if v.isdigit() else v for k, v in (kv.split("=", 1) for kv in overrides.split(",") if kv)}
     kv_format, _, key_frame = name.partition("-")
     if kv_format != "alrkvd" or name in PRESETS:  # a preset (alrkvd-gpu: the served one) as the engine resolves it
-        return name, {}
-    return kv_format, kernel_options(head_dim, **({"key_frame": key_frame} if key_frame else {}))
+        return name, options
+    return kv_format, {**kernel_options(head_dim, **({"key_frame": key_frame} if key_frame else {})), **options}
 
 
 def kernel_tokens(kv_format: str = "alrkvd", steps: int = 60) -> list[dict]:
