@@ -115,10 +115,10 @@ def cpu_logit_drift() -> dict:
 def kernel_format(name: str, head_dim: int) -> tuple[str, dict]:
     """A format name of these benchmarks -> (kv_format, kv_options): `alrkvd` with the options its Triton kernels
     read (`kernel_options`), `alrkvd-<frame>` the same with key_frame=<frame> (post_rope, rotated); presets
-    (backend/kv_presets.py) and other formats as they are. `NAME@key=value,...` overrides options
-    (`alrkvd-gpu@block_size=128`: the served preset in blocks of 128)."""
+    (backend/kv_presets.py) and other formats as they are. `NAME@key=value+key=value` overrides options
+    (`alrkvd-gpu@block_size=128`: the served preset in blocks of 128; `+`, since arm lists split on commas)."""
     name, _, overrides = name.partition("@")
-    options = {k: int(v) if v.isdigit() else v for k, v in (kv.split("=", 1) for kv in overrides.split(",") if kv)}
+    options = {k: int(v) if v.isdigit() else v for k, v in (kv.split("=", 1) for kv in overrides.split("+") if kv)}
     kv_format, _, key_frame = name.partition("-")
     if kv_format != "alrkvd" or name in PRESETS:  # a preset (alrkvd-gpu: the served one) as the engine resolves it
         return name, options
