@@ -616,7 +616,7 @@ class AsyncEngine:
         # every accepted request until its stream ends: running, waiting, or still in the inbox
         self.capacity = args.max_num_seqs + args.max_queue_size
         self._stats = self.engine.stats()
-        self.step_tokens: collections.deque = collections.deque(maxlen=4096)  # each step's, until drained
+        self.steps: collections.deque = collections.deque(maxlen=4096)  # each step's (tokens, seconds), until drained
         self.stopped = False
         self.dead: str | None = None  # why the engine thread stopped, once it has
         self.on_death = on_death
@@ -677,9 +677,10 @@ class AsyncEngine:
     def routing_counts(self) -> torch.Tensor | None:
         return self.engine.routing_counts()
 
-    def drain_step_tokens(self) -> list[int]:
-        """The tokens of each step run since the last call (any thread: the metrics thread's histogram)."""
-        return [self.step_tokens.popleft() for _ in range(len(self.step_tokens))]
+    def drain_steps(self) -> list[tuple[int, float]]:
+        """(tokens, wall seconds) of each step run since the last call (any thread: the metrics thread's
+        histograms)."""
+        return [self.steps.popleft() for _ in range(len(self.steps))]
 
     def shutdown(self):
         self.stopped = True
@@ -743,12 +744,13 @@ class AsyncEngine:
                 continue
             if self.engine.faults and "engine" in self.engine.faults.values():
                 raise InjectedFault("injected fault in the engine thread (test hook)")
+            start = time.perf_counter()
             try:
                 outputs = self.engine.step()
             except Exception as e:  # fail the requests of this step, keep serving the rest
                 outputs = self.engine.fail_step(e)
             if self.engine.plan:
-                self.step_tokens.append(sum(n for _, n in self.engine.plan))
+                self.steps.append((sum(n for _, n in self.engine.plan), time.perf_counter() - start))
             for out in outputs:
                 self._send(out.request_id, out)
             self._stats = self.engine.stats()

@@ -238,8 +238,9 @@ def _run(a: argparse.Namespace, out: Path, models: list[str]) -> int:
           f"{o['output_throughput_tok_s'] or 0:.1f} output tok/s, goodput {100 * (o['goodput']['share'] or 0):.0f} %")
     if steps is not None:
         (out / "server_steps.json").write_text(json.dumps(steps, indent=1) + "\n")
-        print(f"engine: {steps['steps']} steps of {steps['mean_tokens']:.0f} tokens on average (half of them at most "
-              f"{steps['p50_tokens_at_most']:g}), {steps['preemptions']} preemptions (server_steps.json)")
+        print(f"engine: {steps['steps']} steps of {steps['mean_tokens']:.0f} tokens and {steps['mean_ms']:.1f} ms on "
+              f"average (half of them at most {steps['p50_tokens_at_most']:g} tokens), {steps['preemptions']} "
+              f"preemptions (server_steps.json)")
     print(f"report: {out / 'report.md'} (summary.json, plots, requests.jsonl in {out})")
     return rc
 
@@ -262,8 +263,9 @@ def engine_steps(metrics_url: str, models: list[str]) -> dict | None:
 
 
 def steps_between(before: dict | None, after: dict | None) -> dict | None:
-    """The engine's steps between two `engine_steps` readings: how many, their mean tokens, the share at most each
-    bucket's bound, the smallest bound that half of them fit, and the preemptions."""
+    """The engine's steps between two `engine_steps` readings: how many, their mean tokens and milliseconds, the
+    tokens a second of stepping, the share at most each bucket's bound, the smallest bound that half of them fit,
+    and the preemptions."""
     if before is None or after is None:
         return None
     b, a = before["steps"], after["steps"]
@@ -271,7 +273,9 @@ def steps_between(before: dict | None, after: dict | None) -> dict | None:
     if steps <= 0:
         return None
     at_most = {le: (a["le"][le] - b["le"].get(le, 0.0)) / steps for le in sorted(a["le"])}
-    return {"steps": int(steps), "mean_tokens": (a["sum"] - b["sum"]) / steps,
+    tokens, seconds = a["sum"] - b["sum"], a.get("seconds", 0.0) - b.get("seconds", 0.0)
+    return {"steps": int(steps), "mean_tokens": tokens / steps, "mean_ms": 1e3 * seconds / steps,
+            "tokens_per_s": tokens / seconds if seconds > 0 else None,
             "share_at_most": {f"{le:g}": share for le, share in at_most.items()},
             "p50_tokens_at_most": next(le for le, share in at_most.items() if share >= 0.5),
             "preemptions": int(after["preemptions"] - before["preemptions"])}

@@ -145,11 +145,13 @@ def parse_prometheus(text: str) -> list[tuple[str, dict, float]]:
 
 def server_metrics(metrics_url: str, models: list[str]) -> dict:
     """The engine's gauges and request counters for `models` (summed over them), from /metrics; with its steps'
-    tokens (`alrkvd:iteration_tokens_total`: cumulative counts by upper bound `le`, `count`, `sum`)."""
+    tokens (`alrkvd:iteration_tokens_total`: cumulative counts by upper bound `le`, `count`, `sum`) and their
+    seconds (`alrkvd:iteration_duration_seconds_sum`)."""
     with urllib.request.urlopen(metrics_url, timeout=10) as r:
         samples = parse_prometheus(r.read().decode("utf-8", "replace"))
     out = {"kv_blocks_used": 0.0, "kv_blocks_total": 0.0, "running": 0.0, "waiting": 0.0, "preemptions": 0.0,
-           "success": Counter(), "failure": Counter(), "steps": {"le": Counter(), "count": 0.0, "sum": 0.0}}
+           "success": Counter(), "failure": Counter(),
+           "steps": {"le": Counter(), "count": 0.0, "sum": 0.0, "seconds": 0.0}}
     gauges = {"alrkvd:kv_cache_blocks_used": "kv_blocks_used", "alrkvd:kv_cache_blocks_total": "kv_blocks_total",
               "alrkvd:num_requests_running": "running", "alrkvd:num_requests_waiting": "waiting",
               "alrkvd:num_preemptions_total": "preemptions"}
@@ -166,6 +168,8 @@ def server_metrics(metrics_url: str, models: list[str]) -> dict:
             out["steps"]["le"][float(labels["le"])] += value
         elif name in ("alrkvd:iteration_tokens_total_count", "alrkvd:iteration_tokens_total_sum"):
             out["steps"][name.rsplit("_", 1)[1]] += value
+        elif name == "alrkvd:iteration_duration_seconds_sum":
+            out["steps"]["seconds"] += value
     out["success"], out["failure"] = dict(out["success"]), dict(out["failure"])
     out["steps"]["le"] = dict(out["steps"]["le"])
     return out

@@ -272,4 +272,6 @@ def test_make_loadtest_smoke(triton_server, tmp_path):
     steps = json.loads((out / "server_steps.json").read_text())
     generated = sum(s["output_tokens"] for s in summary["tenants"].values())
     assert steps["steps"] > 0 and steps["mean_tokens"] * steps["steps"] >= generated
+    assert steps["mean_ms"] > 0
+    assert steps["tokens_per_s"] == pytest.approx(steps["mean_tokens"] / steps["mean_ms"] * 1e3)
     assert steps["share_at_most"]["inf"] == 1.0 and "engine: " in proc.stdout

@@ -398,6 +398,8 @@ def test_metrics_match_what_was_sent(triton_server):
         "invalid": ("alrkvd:request_failure_total", {"reason": "invalid"}),
         "steps": ("alrkvd:iteration_tokens_total_count", {}),
         "step_tokens": ("alrkvd:iteration_tokens_total_sum", {}),
+        "timed_steps": ("alrkvd:iteration_duration_seconds_count", {}),
+        "step_seconds": ("alrkvd:iteration_duration_seconds_sum", {}),
     }
 
     def read():
@@ -429,6 +431,9 @@ def test_metrics_match_what_was_sent(triton_server):
     server_e2e = after["e2e_sum"] - before["e2e_sum"]
     client_e2e = sum(r.e2e_s for r in results)
     assert 0 < server_e2e <= client_e2e
+    # each step's wall time, inside the two requests' (sent one after the other)
+    assert after["timed_steps"] - before["timed_steps"] == after["steps"] - before["steps"]
+    assert 0 < after["step_seconds"] - before["step_seconds"] <= client_e2e
     s = scrape(triton_server)
     assert metric(s, "alrkvd:kv_cache_blocks_total", model) > 0
     assert metric(s, "alrkvd:kv_cache_compression_ratio", model) > 0

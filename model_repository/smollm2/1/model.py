@@ -115,7 +115,7 @@ class TritonPythonModel:
     def _setup_metrics(self):
         labels = {"model": self.args["model_name"], "version": self.args["model_version"]}
         self.metrics = MetricsLogger(TritonMetrics(labels, self.engine.num_moe_layers), self.engine.stats,
-                                     routing_fn=self.engine.routing_counts, steps_fn=self.engine.drain_step_tokens)
+                                     routing_fn=self.engine.routing_counts, steps_fn=self.engine.drain_steps)
 
     def _start_response_thread(self):
         self._response_queue: queue.Queue = queue.Queue()

@@ -21,6 +21,7 @@ TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                120.0, 240.0, 480.0, 960.0]
 ITERATION_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]  # tokens a step, vLLM's
+STEP_BUCKETS = [0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12]  # seconds a step
 FINISH_REASONS = ("stop", "length", "cancelled", "timeout")
 # refused at the door (invalid, queue_full), failed in the engine (error), ended or refused by a stop (shutdown)
 FAILURE_REASONS = ("invalid", "queue_full", "error", "shutdown")
@@ -66,6 +67,8 @@ class TritonMetrics:
         self.iteration_tokens = histogram(
             "alrkvd:iteration_tokens_total", "Tokens of each engine step: its decodes and prompt chunks",
             ITERATION_BUCKETS)
+        self.iteration_duration = histogram(
+            "alrkvd:iteration_duration_seconds", "Wall time of each engine step", STEP_BUCKETS)
         self.preemptions = metric(
             "alrkvd:num_preemptions_total", "Sequences preempted (their KV freed, recomputed later)", F.COUNTER)
         self.prefix_cache_hits = metric(
@@ -118,7 +121,7 @@ class MetricsLogger:
         self.metrics = metrics
         self.stats_fn = stats_fn
         self.routing_fn = routing_fn  # () -> [MoE layers, experts] routed-token counts, or None (dense)
-        self.steps_fn = steps_fn  # () -> the tokens of each engine step since the last call
+        self.steps_fn = steps_fn  # () -> (tokens, seconds) of each engine step since the last call
         self.counted = dict.fromkeys(COUNTED_STATS, 0)  # the engine's running totals counted so far
         self.interval_s = interval_s
         self.queue: queue.Queue = queue.Queue()
@@ -216,8 +219,9 @@ class MetricsLogger:
         m.kv_compression.set(s.get("compression", 1.0))
         for key, gauge in m.experts.items():
             gauge.set(s.get(key, 0.0))
-        for tokens in self.steps_fn() if self.steps_fn is not None else ():
+        for tokens, seconds in self.steps_fn() if self.steps_fn is not None else ():
             m.iteration_tokens.observe(tokens)
+            m.iteration_duration.observe(seconds)
         for key, counter in COUNTED_STATS.items():  # counters from the engine's running totals
             total = s.get(key, 0)
             if total > self.counted[key]:
