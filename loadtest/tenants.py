@@ -314,7 +314,8 @@ class TenantsConfig:
             "tenants": [{"name": t.name, "model": t.model, "protocol": t.protocol, "weight": t.weight,
                          "fixed_count": t.fixed_count, "max_tokens": vars(t.max_tokens),
                          "prompt": {"source": t.prompt.source, "words": vars(t.prompt.words),
-                                    "prefix": t.prompt.prefix, "path": t.prompt.path, "key": t.prompt.key},
+                                    "prefix": t.prompt.prefix, "path": t.prompt.path, "key": t.prompt.key,
+                                    "turns": t.prompt.turns},
                          "sampling": t.sampling, "slo": t.slo, "think_time_s": list(t.think_time_s),
                          "cancel": {"share": t.cancel.share, "after_tokens": vars(t.cancel.after_tokens)}
                          if t.cancel else None, "invalid": list(t.invalid)}
