@@ -254,14 +254,12 @@ class Tenant:
             order = list(range(len(p.items)))
             random.Random(f"{self.seed}/{key}/order").shuffle(order)
             text = p.prefix + p.items[order[k % len(order)]]
-        elif p.source == "document" and p.turns == 1:
-            document = corpus_words(p.path, max(1, p.words.sample(rng)), rng)
-            text = f"{p.prefix}{document}\n\nQuestion: {rng.choice(QUESTIONS)}\nAnswer briefly:"
-        elif p.source == "document":  # question k % turns about document k // turns
+        elif p.source == "document":  # with turns: question k % turns about document k // turns
             session, turn = divmod(k, p.turns)
-            srng = random.Random(f"{self.seed}/{key}/document/{session}")  # the session's document, whatever k
-            document = corpus_words(p.path, max(1, p.words.sample(srng)), srng)
-            question = QUESTIONS[(srng.randrange(len(QUESTIONS)) + turn) % len(QUESTIONS)]
+            drng = rng if p.turns == 1 else random.Random(f"{self.seed}/{key}/document/{session}")  # whatever k
+            document = corpus_words(p.path, max(1, p.words.sample(drng)), drng)
+            question = (drng.choice(QUESTIONS) if p.turns == 1
+                        else QUESTIONS[(drng.randrange(len(QUESTIONS)) + turn) % len(QUESTIONS)])
             text = f"{p.prefix}{document}\n\nQuestion: {question}\nAnswer briefly:"
         elif p.source == "conversation":
             session, turn = divmod(k, p.turns)
