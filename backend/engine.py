@@ -130,7 +130,8 @@ class RequestOutput:
 class Sequence:
     def __init__(self, request_id, prompt_ids, params, detok, priority, max_len):
         self.request_id, self.prompt_ids, self.params, self.priority = request_id, prompt_ids, params, priority
-        self.output_ids: list[int] = []
+        self.all_ids: list[int] = list(prompt_ids)  # the prompt, then each sampled token: one list, read by every
+        # step without a copy (a long context is not rebuilt per step and sequence)
         self.kv = SeqKV()
         self.detok = detok
         self.text, self.sent = "", 0
@@ -141,13 +142,17 @@ class Sequence:
         self.matcher = None  # the response_format's grammar state (backend/structured.py)
 
     @property
-    def all_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
+    def output_ids(self) -> list[int]:
+        return self.all_ids[len(self.prompt_ids):]
+
+    @property
+    def num_output(self) -> int:
+        return len(self.all_ids) - len(self.prompt_ids)
 
     @property
     def num_pending(self) -> int:
         """Tokens whose KV is not cached yet (prompt chunks, the last sampled token, or all after preemption)."""
-        return len(self.prompt_ids) + len(self.output_ids) - self.kv.num_tokens
+        return len(self.all_ids) - self.kv.num_tokens
 
 
 class LLMEngine:
@@ -456,7 +461,7 @@ class LLMEngine:
     def _append(self, seq: Sequence, token: int) -> RequestOutput:
         if seq.matcher is not None and not seq.matcher.consume_token(token):
             return self._fail(seq, f"the response_format's grammar refused token {token}: {seq.matcher.get_error()}")
-        seq.output_ids.append(token)
+        seq.all_ids.append(token)
         p = seq.params
         if token in p.stop_token_ids or (token in self.stop_ids and not p.ignore_eos):
             seq.finish_reason = "stop"
@@ -470,7 +475,7 @@ class LLMEngine:
                     break
             if seq.matcher is not None and seq.matcher.is_stopped():  # the grammar is complete with this token
                 seq.finish_reason = "stop"
-        if seq.finish_reason is None and (len(seq.output_ids) >= p.max_tokens or len(seq.all_ids) >= seq.max_len):
+        if seq.finish_reason is None and (seq.num_output >= p.max_tokens or len(seq.all_ids) >= seq.max_len):
             seq.finish_reason = "length"
         if seq.finish_reason is not None:
             return self._finish(seq, [token])
@@ -481,9 +486,9 @@ class LLMEngine:
         hold = max((len(s) for s in seq.params.stop), default=1) - 1 if seq.finish_reason is None else 0
         upto = max(seq.sent, len(seq.text) - hold)
         delta, seq.sent = seq.text[seq.sent:upto], upto
-        return RequestOutput(seq.request_id, delta, seq.text[:upto], list(seq.output_ids), new_ids,
+        return RequestOutput(seq.request_id, delta, seq.text[:upto], seq.output_ids, new_ids,
                              seq.finish_reason is not None, seq.finish_reason,
-                             len(seq.prompt_ids), len(seq.output_ids))
+                             len(seq.prompt_ids), seq.num_output)
 
     def _finish(self, seq: Sequence, new_ids: list[int] = ()) -> RequestOutput:
         self.cache.free(seq.kv)
