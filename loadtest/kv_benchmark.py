@@ -32,13 +32,16 @@ SERVER_METRICS = "server_metrics.json"
 
 
 def _parameter(key: str) -> re.Pattern:
-    """An engine parameter's entry in config.pbtxt text, its value between the two groups."""
-    return re.compile(r'(key:\s*"' + re.escape(key) + r'",\s*value:\s*\{\s*string_value:\s*")[^"]*(")')
+    """An engine parameter's entry in config.pbtxt text, its value (a quoted string, escapes included) between the
+    two groups."""
+    return re.compile(r'(key:\s*"' + re.escape(key) + r'",\s*value:\s*\{\s*string_value:\s*")(?:[^"\\]|\\.)*(")')
 
 
 def set_parameters(config: str, params: dict) -> str:
-    """config.pbtxt text with the engine parameters `params` set: replaced where it has them, else added first."""
+    """config.pbtxt text with the engine parameters `params` set: replaced where it has them, else added first.
+    Values are escaped as text-format strings (kv_options is JSON, with quotes)."""
     for key, value in params.items():
+        value = str(value).replace("\\", "\\\\").replace('"', '\\"')
         config, n = _parameter(key).subn(lambda m: f"{m.group(1)}{value}{m.group(2)}", config, count=1)
         if not n:
             config = config.replace("parameters: [", f'parameters: [\n  {{ key: "{key}", value: {{ string_value: '

@@ -523,7 +523,7 @@ def test_shapes_and_locust_options_in_a_child_process():
 
 
 def test_shared_prompt_key_and_kv_benchmark_repository(tmp_path):
-    from loadtest.kv_benchmark import build_repository, variant_config
+    from loadtest.kv_benchmark import build_repository, set_parameters, variant_config
 
     cfg = load_tenants(REPO / "loadtest" / "tenants_kv.yaml")
     fp16, alrkvd = cfg.tenants
@@ -547,6 +547,16 @@ def test_shared_prompt_key_and_kv_benchmark_repository(tmp_path):
         assert '{ key: "enable_prefix_caching", value: { string_value: "true" } }' in text
     with pytest.raises(SystemExit):
         build_repository(["nomodel_fp16"], tmp_path / "x")
+    # a JSON value (kv_options) is written as a text-format string, and replaced whole when set again
+    text = set_parameters(base, {"kv_options": '{"block_size": 128}'})
+    value = '{"block_size": 64, "note": "a\\b"}'  # a quote and a backslash to escape
+    text = set_parameters(text, {"kv_options": value})
+    assert text.count('"kv_options"') == 1
+    assert r'{ key: "kv_options", value: { string_value: "{\"block_size\": 64, \"note\": \"a\\b\"}" } }' in text
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+    parsed = text_format.Parse(text, model_config_pb2.ModelConfig()).parameters["kv_options"].string_value
+    assert parsed == value  # what Triton hands the model
 
 
 SESSIONS_CHECK = textwrap.dedent("""
