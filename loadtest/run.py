@@ -240,7 +240,8 @@ def _run(a: argparse.Namespace, out: Path, models: list[str]) -> int:
         (out / "server_steps.json").write_text(json.dumps(steps, indent=1) + "\n")
         print(f"engine: {steps['steps']} steps of {steps['mean_tokens']:.0f} tokens and {steps['mean_ms']:.1f} ms on "
               f"average (half of them at most {steps['p50_tokens_at_most']:g} tokens), {steps['preemptions']} "
-              f"preemptions (server_steps.json)")
+              f"preemptions, {steps['prefix_cache_hit_tokens']} of {steps['prompt_tokens']} prompt tokens from the "
+              f"prefix cache (server_steps.json)")
     print(f"report: {out / 'report.md'} (summary.json, plots, requests.jsonl in {out})")
     return rc
 
@@ -265,7 +266,7 @@ def engine_steps(metrics_url: str, models: list[str]) -> dict | None:
 def steps_between(before: dict | None, after: dict | None) -> dict | None:
     """The engine's steps between two `engine_steps` readings: how many, their mean tokens and milliseconds, the
     tokens a second of stepping, the share at most each bucket's bound, the smallest bound that half of them fit,
-    and the preemptions."""
+    the preemptions, and the prompt tokens admitted and those taken from the prefix cache."""
     if before is None or after is None:
         return None
     b, a = before["steps"], after["steps"]
@@ -278,7 +279,8 @@ def steps_between(before: dict | None, after: dict | None) -> dict | None:
             "tokens_per_s": tokens / seconds if seconds > 0 else None,
             "share_at_most": {f"{le:g}": share for le, share in at_most.items()},
             "p50_tokens_at_most": next(le for le, share in at_most.items() if share >= 0.5),
-            "preemptions": int(after["preemptions"] - before["preemptions"])}
+            **{key: int(after[key] - before[key])
+               for key in ("preemptions", "prompt_tokens", "prefix_cache_hit_tokens")}}
 
 
 if __name__ == "__main__":

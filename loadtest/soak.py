@@ -150,11 +150,12 @@ def server_metrics(metrics_url: str, models: list[str]) -> dict:
     with urllib.request.urlopen(metrics_url, timeout=10) as r:
         samples = parse_prometheus(r.read().decode("utf-8", "replace"))
     out = {"kv_blocks_used": 0.0, "kv_blocks_total": 0.0, "running": 0.0, "waiting": 0.0, "preemptions": 0.0,
-           "success": Counter(), "failure": Counter(),
+           "prompt_tokens": 0.0, "prefix_cache_hit_tokens": 0.0, "success": Counter(), "failure": Counter(),
            "steps": {"le": Counter(), "count": 0.0, "sum": 0.0, "seconds": 0.0}}
     gauges = {"alrkvd:kv_cache_blocks_used": "kv_blocks_used", "alrkvd:kv_cache_blocks_total": "kv_blocks_total",
               "alrkvd:num_requests_running": "running", "alrkvd:num_requests_waiting": "waiting",
-              "alrkvd:num_preemptions_total": "preemptions"}
+              "alrkvd:num_preemptions_total": "preemptions", "alrkvd:prompt_tokens_total": "prompt_tokens",
+              "alrkvd:prefix_cache_hit_tokens_total": "prefix_cache_hit_tokens"}
     for name, labels, value in samples:
         if labels.get("model") not in models:
             continue
