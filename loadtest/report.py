@@ -60,10 +60,22 @@ def stage_window(users: int | None, meta: dict) -> tuple[float, float] | None:
     return started + stages[0]["start_s"], started + stages[0]["end_s"]
 
 
+def ttft_by_turn(records: list[metrics.RequestRecord], turns: int) -> dict:
+    """Time to first token of a session's first turns and of its later ones (prompt k is turn k % turns), which
+    may find their history in the server's prefix cache."""
+    ttft = {"first": [], "later": []}
+    for r in records:
+        m = metrics.derive(r)
+        if m.ok and m.ttft is not None and r.prompt_seq is not None:
+            ttft["first" if r.prompt_seq % turns == 0 else "later"].append(m.ttft)
+    return {k: metrics.distribution(v, 1000.0) for k, v in ttft.items()}
+
+
 def build_summary(records: list[metrics.RequestRecord], meta: dict) -> dict:
     measured = [r for r in records if not r.warmup]
     slos = _slos(meta)
     declared = [t["name"] for t in (meta.get("tenants") or {}).get("tenants", [])]
+    turns = {t["name"]: (t.get("prompt") or {}).get("turns", 1) for t in (meta.get("tenants") or {}).get("tenants", [])}
     seen = {r.tenant for r in records}
     tenants = [n for n in declared if n in seen] + sorted(seen - set(declared))
     window = metrics.measured_window(measured)
@@ -75,6 +87,8 @@ def build_summary(records: list[metrics.RequestRecord], meta: dict) -> dict:
         s["model"] = recs[0].model if recs else None
         s["protocol"] = recs[0].protocol if recs else None
         s["tokens_counted_by_server"] = all(r.tokens_from_server for r in recs)
+        if turns.get(name, 1) > 1:
+            s["ttft_ms_by_turn"] = ttft_by_turn(recs, turns[name])
         by_tenant[name] = s
     levels = defaultdict(list)
     for r in measured:

@@ -442,6 +442,20 @@ def test_compare_holds_each_tenant_on_its_own_requests(tmp_path):
     assert "- document: sessions held 2.00x, best goodput 2.00x" in compare.render_markdown(result)
 
 
+def test_summary_splits_a_session_tenants_first_token_by_turn():
+    """A tenant with turns: time to first token of sessions' first turns apart from their later ones (which may find
+    their history cached), by prompt number; a tenant without turns gets no split."""
+    records = [rec([0.5 + k % 4, 5.0], [1, 1], t_end=5.0, tenant="docs", prompt_seq=k) for k in range(8)]
+    records += [rec([0.2, 0.3], [1, 1], t_end=0.3, tenant="chat", prompt_seq=k) for k in range(3)]
+    meta = {"tenants": {"tenants": [{"name": "docs", "prompt": {"turns": 4}},
+                                    {"name": "chat", "prompt": {"turns": 1}}]}}
+    s = build_summary(records, meta)
+    by_turn = s["tenants"]["docs"]["ttft_ms_by_turn"]
+    assert (by_turn["first"]["count"], by_turn["first"]["p50"]) == (2, 500.0)
+    assert (by_turn["later"]["count"], by_turn["later"]["min"], by_turn["later"]["max"]) == (6, 1500.0, 3500.0)
+    assert "ttft_ms_by_turn" not in s["tenants"]["chat"]
+
+
 def test_report_poisson_arrivals_and_empty_run(tmp_path):
     _fake_run(tmp_path / "p", shape="poisson")
     s = build_summary(read_records(tmp_path / "p" / "requests.jsonl"), json.loads((tmp_path / "p" / "run.json").read_text()))
