@@ -101,6 +101,10 @@ class EngineArgs:
                                        # blocks in runs of window slots, long histories eager (under Locust,
                                        # inter-token p99 2.5 against 4.4x its p50 in pieces, block-cut;
                                        # BENCHMARKS.md Decisions)
+    layered_prefill: int = 0           # beside running decodes, prompt chunks go through the layers in this many
+                                       # groups, a group a step, instead of all at once: a MoE chunk of any size reads
+                                       # nearly every expert of each layer it passes, so a step that carries whole
+                                       # chunks stalls every stream (layered prefill, arXiv 2510.08055); 0 or 1: off
     seed: int = 0
     expert_budget_bytes: int | None = None  # device bytes for routed experts, streamed from host; None: all resident
     expert_prefetch: int = 1           # MoE layers ahead whose experts are prefetched (pre-gating); 0: on demand only
@@ -125,6 +129,30 @@ class RequestOutput:
     num_prompt_tokens: int
     num_output_tokens: int
     error: str | None = None           # set when finish_reason is "error"
+
+
+@dataclass
+class LayeredChunks:
+    """Prompt chunks part-way through the layers (`EngineArgs.layered_prefill`), (sequence, tokens) each in the order
+    of their rows: their residual stream after `next_layer` layers. Their KV is written layer by layer; the
+    sequences' caches take the chunks (commit) after the last layer."""
+    chunks: list
+    next_layer: int = 0
+    hidden: torch.Tensor | None = None
+    residual: torch.Tensor | None = None
+
+    def drop(self, gone) -> None:
+        """Forget the chunks of sequences in `gone` (finished or preempted: their KV is freed) and their rows."""
+        if not any(seq in gone for seq, _ in self.chunks):
+            return
+        starts = itertools.accumulate((n for _, n in self.chunks), initial=0)
+        keep = [row for (seq, n), start in zip(self.chunks, starts) if seq not in gone
+                for row in range(start, start + n)]
+        self.chunks = [(seq, n) for seq, n in self.chunks if seq not in gone]
+        if self.hidden is not None:
+            rows = torch.tensor(keep, device=self.hidden.device, dtype=torch.long)
+            self.hidden = self.hidden[rows]
+            self.residual = None if self.residual is None else self.residual[rows]
 
 
 class Sequence:
@@ -171,6 +199,10 @@ class LLMEngine:
         if args.max_step_ratio is not None and args.max_step_ratio <= 1:
             raise ValueError(f"max_step_ratio must exceed 1 (a step with prompt tokens outlasts a decode step), "
                              f"not {args.max_step_ratio}")
+        if args.layered_prefill < 0:
+            raise ValueError(f"layered_prefill must be 0 (off) or a number of layer groups, not {args.layered_prefill}")
+        if args.layered_prefill > 1 and args.expert_budget_bytes is not None:  # (its prefetch follows the layers)
+            raise ValueError("layered_prefill does not go with streamed experts (expert_budget_bytes) yet")
         stall_free = args.max_step_ms is not None or args.max_step_ratio is not None
         # (its first steps compile kernels: not what later steps cost)
         self.step_cost = StepCost(args.max_step_ms, args.max_step_ratio, warmup_steps=8) if stall_free else None
@@ -211,6 +243,8 @@ class LLMEngine:
         # generated tokens too: what it did not compute again)
         self.scheduled: list[Sequence] = []  # the sequences of the step under way
         self.plan: list[tuple[Sequence, int]] = []  # the last step's (sequence, tokens)
+        self.layered: LayeredChunks | None = None  # the prompt chunks going through the layers a group a step
+        self.layered_plan: tuple[list, int, int] | None = None  # the last step's: (its chunks, first, last layer)
         self.reset_cache(args.kv_format, args.kv_options, args.kv_budget_bytes, args.max_num_seqs)
 
     def reset_cache(self, kv_format: str, kv_options: dict, budget_bytes: int, max_num_seqs: int):
@@ -320,15 +354,20 @@ class LLMEngine:
         self.running.remove(seq)
         self.waiting.insert(0, seq)
         self.num_preemptions += 1
+        if self.layered is not None:
+            self.layered.drop([seq])
 
     def schedule(self) -> list[tuple[Sequence, int]]:
         """The step's plan, (sequence, tokens): every running decode first, so no stream waits for a
         prompt; then prompt chunks (running ones, then newly admitted) within the token budget. With
         `max_step_ms` or `max_step_ratio`, the budget is what the measured step costs allow and the shortest
-        prompts go first."""
+        prompts go first. With `layered_prefill`, beside decodes the prompt chunks go through the layers a group a
+        step (`self.layered`, not in the plan), and no other prompt starts until they are through."""
         self.running = self._order(self.running)
         scheduled: list[tuple[Sequence, int]] = []
         self.cache.release_runs()
+        if self.layered is not None:  # without the finished (aborted, timed out, failed)
+            self.layered.drop([seq for seq, _ in self.layered.chunks if seq not in self.running])
         for seq in [s for s in self.running if s.num_pending == 1]:
             if seq not in self.running:  # preempted below to make room for an earlier one
                 continue
@@ -340,26 +379,41 @@ class LLMEngine:
             if seq in self.running:
                 self.cache.allocate(seq.kv, 1)
                 scheduled.append((seq, 1))
+        if self.layered is not None and self.layered.chunks:
+            return scheduled
+        self.layered, layered_chunks = None, []
+        layering = self.args.layered_prefill > 1 and bool(scheduled)
         budget = self.args.max_num_batched_tokens - len(scheduled)
+        # a layered step carries a group of its chunks' layers: the chunks may be that many steps' tokens
+        layered_budget = self.args.max_num_batched_tokens
         in_graph = bool(scheduled) and self.graphs is not None and self.graphs.max_tokens > 0
         if in_graph:  # beside decodes: a step a graph holds
             budget = max(0, min(budget, self.graphs.max_tokens - len(scheduled)))
         if self.step_cost is not None:
-            budget = min(budget, self.step_cost.prefill_budget(len(scheduled), self.args.max_num_batched_tokens))
+            step_budget = self.step_cost.prefill_budget(len(scheduled), self.args.max_num_batched_tokens)
+            budget = min(budget, step_budget)
+            if layering:
+                layered_budget = min(layered_budget, max(1, step_budget) * self.args.layered_prefill)
         self.waiting = self._order(self.waiting)
         candidates = [s for s in self.running if s.num_pending > 1] + self.waiting
         if self.step_cost is not None:  # shortest prompt first: a chat's few tokens never queue behind a document
             candidates.sort(key=lambda s: s.num_pending)
         for seq in candidates:
-            if budget == 0:
+            if (layered_budget if layering else budget) == 0:
                 break
             cached = 0 if seq in self.running else self.cache.match_prefix(seq.kv, seq.all_ids)
-            n = min(seq.num_pending, budget)
-            if in_graph and not self.graphs.piecewise:  # (piecewise: chunks across blocks, attention eager)
+            layered = layering and seq.num_pending > 1
+            n = min(seq.num_pending, layered_budget if layered else budget)
+            if n == 0:  # (layering: a one-token prompt past the step's budget)
+                if seq not in self.running:
+                    self.cache.free(seq.kv)  # (the cached blocks it took)
+                continue
+            if in_graph and not layered and not self.graphs.piecewise:  # (piecewise: chunks across blocks, eager)
                 n = min(n, self.cache.mixed_chunk_limit(seq.kv))
             if seq in self.running:
                 while not self.cache.can_allocate(seq.kv, n):  # preempt the newest, never a scheduled decode
-                    victim = next(s for s in reversed(self.running) if all(s is not t for t, _ in scheduled))
+                    victim = next(s for s in reversed(self.running)
+                                  if all(s is not t for t, _ in scheduled + layered_chunks))
                     self._preempt(victim)
                     if victim is seq:
                         break
@@ -377,10 +431,16 @@ class LLMEngine:
                 self.running.append(seq)
                 self.prefix_cache_hit_tokens += cached
             self.cache.allocate(seq.kv, n)
+            if layered:  # eagerly, after the decodes' step: no graph, no run of window slots
+                layered_chunks.append((seq, n))
+                layered_budget -= n
+                continue
             if in_graph:
                 self.cache.take_run(seq.kv, n)  # (a chunk across its block's end: a run of window slots)
             scheduled.append((seq, n))
             budget -= n
+        if layered_chunks:
+            self.layered = LayeredChunks(layered_chunks)
         return scheduled
 
     # ---- one step -----------------------------------------------------------------------
@@ -403,18 +463,28 @@ class LLMEngine:
 
     def _step(self) -> list[RequestOutput]:
         start = time.perf_counter()
-        self.scheduled = []
+        self.scheduled, self.layered_plan = [], None
         scheduled = self.schedule()
-        self.scheduled = [seq for seq, _ in scheduled]
+        self.scheduled = [seq for seq, _ in scheduled + (self.layered.chunks if self.layered else [])]
         self.plan = scheduled
-        if not scheduled:
+        if not self.scheduled:
             return []
         if self.faults and any(self.faults.get(seq.request_id) == "step" for seq in self.scheduled):
             raise InjectedFault("injected fault in an engine step (test hook)")
-        outputs = self._run(scheduled)
+        outputs = self._run(scheduled) if scheduled else []
+        if self.layered is not None:
+            outputs += self._run_layers(decodes=bool(scheduled))
         if self.step_cost is not None:  # the step's tokens have synchronised: its wall time is its cost
-            self.step_cost.observe(sum(n for _, n in scheduled), (time.perf_counter() - start) * 1e3)
+            self.step_cost.observe(self.step_tokens(), (time.perf_counter() - start) * 1e3)
         return outputs
+
+    def step_tokens(self) -> int:
+        """The last step's tokens, layered chunks' counted by the share of the layers they went through."""
+        tokens = sum(n for _, n in self.plan)
+        if self.layered_plan is not None:
+            chunks, first, last = self.layered_plan
+            tokens += round(sum(n for _, n in chunks) * (last - first) / self.cfg.num_layers)
+        return tokens
 
     def _run(self, scheduled: list[tuple[Sequence, int]]) -> list[RequestOutput]:
         device = self.args.device
@@ -436,13 +506,46 @@ class LLMEngine:
         ready = [(seq, i) for (seq, _), i in zip(scheduled, last) if seq.num_pending == 0]
         if not ready:
             return []
-        logits = self.model.logits(hidden[[i for _, i in ready]])
-        matchers = [seq.matcher for seq, _ in ready]
+        return self._sample([seq for seq, _ in ready], hidden[[i for _, i in ready]])
+
+    def _run_layers(self, decodes: bool) -> list[RequestOutput]:
+        """The layered chunks' next group of layers (all that are left in a step without decodes); after the last,
+        the sequences' caches take the chunks and those at their prompt's end sample their first token."""
+        layered, L, device = self.layered, self.cfg.num_layers, self.args.device
+        first = layered.next_layer
+        positions = torch.tensor([p for seq, n in layered.chunks for p in range(seq.kv.num_tokens,
+                                                                                 seq.kv.num_tokens + n)], device=device)
+        if first == 0:
+            tokens = [t for seq, n in layered.chunks for t in seq.all_ids[seq.kv.num_tokens:seq.kv.num_tokens + n]]
+            layered.hidden = self.model.embed_tokens(torch.tensor(tokens, device=device))
+        last = min(L, first + -(-L // self.args.layered_prefill)) if decodes else L
+        batch = AttentionBatch([seq.kv for seq, _ in layered.chunks], [n for _, n in layered.chunks])
+        layered.hidden, layered.residual = self.model.forward_layers(layered.hidden, layered.residual, positions,
+                                                                     self.cache, batch, first, last)
+        self.layered_plan, layered.next_layer = (list(layered.chunks), first, last), last
+        if last < L:
+            return []
+        self.layered = None
+        self.cache.commit(batch)
+        ends = list(itertools.accumulate(n for _, n in layered.chunks))
+        ready = [(seq, end - 1) for (seq, _), end in zip(layered.chunks, ends) if seq.num_pending == 0]
+        for seq, _ in layered.chunks:
+            self.cache.cache_blocks(seq.kv, seq.all_ids)
+        if not ready:  # chunks of longer prompts
+            return []
+        rows = [i for _, i in ready]
+        hidden = self.model.final_norm(layered.hidden[rows], layered.residual[rows])
+        return self._sample([seq for seq, _ in ready], hidden)
+
+    def _sample(self, seqs: list[Sequence], hidden: torch.Tensor) -> list[RequestOutput]:
+        """Each sequence's next token from its last position's final hidden state (a row of `hidden`)."""
+        logits = self.model.logits(hidden)
+        matchers = [seq.matcher for seq in seqs]
         if any(m is not None for m in matchers):
             self.grammars.apply(logits, matchers)
-        new_ids = sample(logits, [s.params for s, _ in ready], [s.generator for s, _ in ready])
+        new_ids = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
         return [self._fail(seq, f"sampling failed: {tok!r}") if isinstance(tok, Exception) else self._append(seq, tok)
-                for (seq, _), tok in zip(ready, new_ids)]
+                for seq, tok in zip(seqs, new_ids)]
 
     def fail_step(self, error: Exception) -> list[RequestOutput]:
         """The step under way raised: fail the requests it carried (their KV may be half written) and
@@ -754,8 +857,8 @@ class AsyncEngine:
                 outputs = self.engine.step()
             except Exception as e:  # fail the requests of this step, keep serving the rest
                 outputs = self.engine.fail_step(e)
-            if self.engine.plan:
-                self.steps.append((sum(n for _, n in self.engine.plan), time.perf_counter() - start))
+            if self.engine.plan or self.engine.layered_plan:
+                self.steps.append((self.engine.step_tokens(), time.perf_counter() - start))
             for out in outputs:
                 self._send(out.request_id, out)
             self._stats = self.engine.stats()

@@ -432,18 +432,27 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, kv_cache, batch) -> torch.Tensor:
         """tokens, positions: [T]. Returns final hidden states [T, hidden]."""
-        x = self.embed_tokens(tokens)
+        x, residual = self.forward_layers(self.embed_tokens(tokens), None, positions, kv_cache, batch)
+        return self.final_norm(x, residual)
+
+    def forward_layers(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, kv_cache, batch,
+                       first: int = 0, last: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layers [first, last) on the residual stream (`Block`'s h and residual; x embedded and residual None at
+        layer 0): a prompt chunk can go through the layers over several steps (layered prefill)."""
+        layers = self.layers[first:last]
         rope = self.rotary.at(positions, x.dtype)
         keys = None
         if self.seeded_routing:  # on the device, from the step's own buffers: captured in CUDA graphs too
-            rows = torch.arange(tokens.shape[0], device=tokens.device)
+            rows = torch.arange(x.shape[0], device=x.device)
             keys = (positions * self.route_stride + rows * 104729) % self.seeded_routing
-        for layer in self.layers:
+        for layer in layers:
             if isinstance(layer.mlp, MoE):
                 layer.mlp.route_keys, layer.mlp.valid_rows = keys, getattr(batch, "valid_rows", None)
-        residual = None
-        for layer in self.layers:
+        for layer in layers:
             x, residual = layer(x, residual, rope, kv_cache, batch)
+        return x, residual
+
+    def final_norm(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.norm.add_and_norm(x, residual)[1]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

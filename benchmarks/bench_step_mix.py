@@ -39,18 +39,19 @@ from benchmarks.bench_engine import dummy_engine, rows_one_by_one  # noqa: E402
 
 TENANTS = {"chat": ((25, 50), 64, 1), "summarize": ((400, 650), 128, 1)}  # (prompt tokens, max tokens, weight)
 LONG_TENANTS = {"chat": ((500, 6000), 96, 2), "document": ((16000, 32000), 32, 1)}
-KINDS = ("decode", "graph", "pieces", "eager")
+KINDS = ("decode", "graph", "pieces", "eager", "layered")
 
 
 def served_engine(arm: str, long: bool = False):
     """`arm`: a KV format (`fp16`, `alrkvd-gpu`, ...), `:pieces` for piecewise graphs, `:rows` for ALR-KVD's chunk
-    rows read one by one in mixed graphs (not in tiles)."""
+    rows read one by one in mixed graphs (not in tiles), `:layeredG` for `layered_prefill=G`."""
     kv_format, _, mode = arm.partition(":")
+    layered = int(mode[len("layered"):]) if mode.startswith("layered") else 0
     served = (dict(kv_budget_bytes=8 << 30, max_model_len=40960, max_num_seqs=64, max_step_ms=80.0,
                    cuda_graph_max_tokens=2048) if long else
               dict(kv_budget_bytes=16 << 30, max_model_len=8192, max_num_seqs=32))
     engine = dummy_engine("qwen3-30b-a3b", kv_format, max_num_batched_tokens=2048, piecewise_graphs=mode == "pieces",
-                          **served)
+                          layered_prefill=layered, **served)
     return rows_one_by_one(engine) if mode == "rows" else engine
 
 
@@ -112,7 +113,14 @@ def run(engine, users: int, steps: int, warmup: int, seed: int = 0, tenants: dic
                     submit(i >= warmup)
             chunks = [(seq.kv.num_tokens - n, n) for seq, n in engine.plan if n > 1]  # (first position, tokens)
             replayed = bool(spent["forward_out"]) and spent["forward_out"][0] is not None  # None: the step ran eagerly
-            if not chunks:
+            layered = engine.layered_plan  # (chunks a group of layers a step, beside the decodes' graph)
+            if layered is not None:
+                done = layered[2] == engine.cfg.num_layers  # (then committed: their first position is n back)
+                chunks += [(seq.kv.num_tokens - (n if done else 0), round(n * (layered[2] - layered[1]) /
+                                                                          engine.cfg.num_layers))
+                           for seq, n in layered[0]]
+                kind = "layered" if engine.plan else "eager"
+            elif not chunks:
                 kind = "decode"
             elif not replayed:
                 kind = "eager"

@@ -96,6 +96,9 @@ def main() -> None:
     p.add_argument("--piecewise-graphs", action=argparse.BooleanOptionalAction,
                    help="ALR-KVD and KIVI: prompt chunks beside decodes not cut at their block's end; steps with one "
                         "across a block replay graph pieces, attention eager between them (default: the engine's, off)")
+    p.add_argument("--layered-prefill", type=int, default=None,
+                   help="beside running decodes, a prompt chunk goes through the layers in this many groups, a group "
+                        "a step (layered_prefill; default: the engine's, off)")
     p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction,
                    help="a request takes the cached KV blocks of its first tokens (a chat's history) instead of "
                         "computing them (enable_prefix_caching; default: the engine's, off)")
@@ -112,6 +115,8 @@ def main() -> None:
         options["cuda_graph_max_tokens"] = a.cuda_graph_max_tokens
     if a.piecewise_graphs is not None:
         options["piecewise_graphs"] = a.piecewise_graphs
+    if a.layered_prefill is not None:
+        options["layered_prefill"] = a.layered_prefill
     if a.prefix_caching is not None:
         options["enable_prefix_caching"] = a.prefix_caching
     if a.expert_fraction is not None:

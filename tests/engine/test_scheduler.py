@@ -1,8 +1,10 @@
 """Stall-free batching: every running decode is in every step, prompts progress in chunks within the
 token budget (and within `max_step_ms` when set), and mixing prompts in does not change greedy tokens."""
+import json
 import math
 
 import pytest
+import torch
 
 from backend.engine import EngineArgs, LLMEngine
 from backend.sampling import SamplingParams
@@ -21,13 +23,16 @@ def greedy(n):
     return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
 
 
-def run_checking_plans(engine, arrivals, budget=None):
+def run_checking_plans(engine, arrivals, budget=None, layered=None, abort=None):
     """arrivals: {step: [(request_id, prompt, max_tokens)]}. Steps the engine, checking each step's plan;
-    returns {request_id: token_ids}."""
+    returns {request_id: token_ids}. `layered`: a list that takes each step's layered chunk (request id, tokens,
+    first layer, last layer, decodes beside it) or None; `abort`: {step: request_id} cancelled before that step."""
     outputs, step = {}, 0
     while engine.has_unfinished() or any(s >= step for s in arrivals):
         for rid, prompt, n in arrivals.get(step, []):
             engine.add_request(prompt, greedy(n), request_id=rid)
+        if abort and step in abort:
+            engine.abort(abort[step])
         decoding = [s for s in engine.running if s.num_pending == 1]
         for out in engine.step():
             outputs[out.request_id] = out.token_ids
@@ -37,6 +42,11 @@ def run_checking_plans(engine, arrivals, budget=None):
         prefill = sum(n for s, n in engine.plan if s not in decoding)
         if budget is not None and decoding:
             assert prefill <= budget, f"step {step}: {prefill} prompt tokens beside decodes"
+        if layered is not None:
+            plan = engine.layered_plan
+            layered.append(None if plan is None else
+                           ([(s.request_id, n) for s, n in plan[0]], plan[1], plan[2], len(decoding)))
+            assert plan is None or prefill == 0, f"step {step}: another prompt beside layered chunks"
         step += 1
     assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
     return outputs
@@ -49,6 +59,64 @@ def test_decodes_never_wait_and_tokens_do_not_change(engine):
                                         5: [("doc2", DOCUMENT, 4)]})
     assert mixed["chat"] == alone["chat"]
     assert len(mixed["doc1"]) == len(mixed["doc2"]) == 4
+
+
+@pytest.mark.parametrize("kv_format", ["full", "alrkvd-cpu"])
+def test_layered_prefill_a_group_of_layers_a_step_the_same_tokens(kv_format):
+    """`layered_prefill=4`: a document arriving beside a decoding chat goes through SmolLM2's 30 layers in groups of
+    8, 8, 8 and 6, a group a step, in chunks of up to 512 tokens, the chat's decode in every step and no other prompt
+    beside; the same greedy tokens as without layering (whole chunks beside the decode)."""
+    args = dict(model="default", kv_format=kv_format, max_num_seqs=4, max_num_batched_tokens=512)
+    arrivals = {0: [("chat", CHAT, 20)], 2: [("doc", DOCUMENT, 4)]}
+    plain = run_checking_plans(LLMEngine(EngineArgs(**args)), arrivals)
+    steps, engine = [], LLMEngine(EngineArgs(**args, layered_prefill=4))
+    assert run_checking_plans(engine, arrivals, layered=steps) == plain
+    doc = len(engine.tokenize(DOCUMENT))
+    groups = [(0, 8, 1), (8, 16, 1), (16, 24, 1), (24, 30, 1)]  # consecutive steps, from the document's arrival
+    assert steps[2:10] == [([("doc", 512)], *g) for g in groups] + [([("doc", doc - 512)], *g) for g in groups]
+
+
+QWEN3_MOE = dict(model_type="qwen3_moe", vocab_size=512, hidden_size=128, num_hidden_layers=6, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=64, intermediate_size=256, moe_intermediate_size=64, num_experts=8,
+                 num_experts_per_tok=2, norm_topk_prob=True, rms_norm_eps=1e-6, rope_theta=1e6,
+                 max_position_embeddings=1024, tie_word_embeddings=False)
+
+
+def test_layered_chunks_of_several_prompts_one_cancelled_midway(tmp_path):
+    """A MoE (dummy Qwen3 shape, 6 layers, groups of 2): two prompts arriving together go through the layers in one
+    batch; one is cancelled after the first group. The other's tokens are those of a run without layering (where
+    both prompts ran whole beside the decode, then one was cancelled), and every block comes back."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_MOE))
+    g = torch.Generator().manual_seed(0)
+    chat, first, second = (torch.randint(0, 512, (n,), generator=g).tolist() for n in (20, 44, 84))
+    outputs = []
+    for groups in (0, 3):
+        engine = LLMEngine(EngineArgs(model=str(tmp_path), load_format="dummy", tokenizer="none", dtype="float32",
+                                      kv_format="fp16", max_num_seqs=4, max_num_batched_tokens=256,
+                                      layered_prefill=groups))
+        engine.add_request(None, greedy(10), request_id="chat", prompt_ids=chat)
+        out, steps = {}, []
+        for step in range(12):
+            if step == 2:
+                engine.add_request(None, greedy(3), request_id="first", prompt_ids=first)
+                engine.add_request(None, greedy(3), request_id="second", prompt_ids=second)
+            if step == 3:
+                engine.abort("first")
+            out.update((o.request_id, o.token_ids) for o in engine.step())
+            plan = engine.layered_plan
+            steps.append(plan and ([(s.request_id, n) for s, n in plan[0]], plan[1], plan[2]))
+        assert not engine.has_unfinished() and engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
+        outputs.append(out)
+    assert steps[2:5] == [([("first", 44), ("second", 84)], 0, 2), ([("second", 84)], 2, 4), ([("second", 84)], 4, 6)]
+    assert outputs[1]["second"] == outputs[0]["second"] and outputs[1]["chat"] == outputs[0]["chat"]
+
+
+@pytest.mark.parametrize("args, match", [({"layered_prefill": -1}, "number of layer groups"),
+                                         ({"layered_prefill": 4, "expert_budget_bytes": 1 << 20}, "streamed experts")])
+def test_layered_prefill_refuses_what_it_cannot_do(tmp_path, args, match):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_MOE))
+    with pytest.raises(ValueError, match=match):
+        LLMEngine(EngineArgs(model=str(tmp_path), load_format="dummy", tokenizer="none", **args))
 
 
 def test_step_target_keeps_chunks_small_beside_decodes():
