@@ -111,6 +111,34 @@ def test_layered_chunks_of_several_prompts_one_cancelled_midway(tmp_path):
     assert outputs[1]["second"] == outputs[0]["second"] and outputs[1]["chat"] == outputs[0]["chat"]
 
 
+def test_layered_chunks_start_after_a_cached_prefix(tmp_path):
+    """With prefix caching, a follow-up whose first blocks an earlier request filled goes through the layers from
+    where its cached blocks end: the same tokens and the same cache hits as without layering."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_MOE))
+    g = torch.Generator().manual_seed(1)
+    chat, history, turn = (torch.randint(0, 512, (n,), generator=g).tolist() for n in (20, 100, 30))
+    outputs = []
+    for groups in (0, 3):
+        engine = LLMEngine(EngineArgs(model=str(tmp_path), load_format="dummy", tokenizer="none", dtype="float32",
+                                      kv_format="fp16", max_num_seqs=4, max_num_batched_tokens=256,
+                                      enable_prefix_caching=True, layered_prefill=groups))
+        engine.add_request(None, greedy(24), request_id="chat", prompt_ids=chat)
+        out, chunks = {}, []
+        for step in range(30):
+            if step == 1:
+                engine.add_request(None, greedy(2), request_id="first", prompt_ids=history)
+            if step == 8:  # "first" is done: its blocks are cached
+                engine.add_request(None, greedy(4), request_id="again", prompt_ids=history + turn)
+            out.update((o.request_id, o.token_ids) for o in engine.step())
+            if engine.layered_plan:
+                chunks += [(s.request_id, s.kv.num_tokens, n) for s, n in engine.layered_plan[0]]
+        assert not engine.has_unfinished() and engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
+        outputs.append((out, engine.prefix_cache_hit_tokens))
+    block = engine.cache.block_size
+    assert outputs[1] == outputs[0] and outputs[1][1] == 100 // block * block
+    assert ("again", 100 // block * block, 130 - 100 // block * block) in chunks  # (its first group's row)
+
+
 @pytest.mark.parametrize("args, match", [({"layered_prefill": -1}, "number of layer groups"),
                                          ({"layered_prefill": 4, "expert_budget_bytes": 1 << 20}, "streamed experts")])
 def test_layered_prefill_refuses_what_it_cannot_do(tmp_path, args, match):
