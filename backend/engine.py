@@ -486,14 +486,21 @@ class LLMEngine:
             tokens += round(sum(n for _, n in chunks) * (last - first) / self.cfg.num_layers)
         return tokens
 
-    def _run(self, scheduled: list[tuple[Sequence, int]]) -> list[RequestOutput]:
-        device = self.args.device
+    @staticmethod
+    def _rows(chunks: list[tuple[Sequence, int]]) -> tuple[list[int], list[int], list[int]]:
+        """The flat batch of (sequence, tokens) chunks after each one's cached tokens: tokens, positions and each
+        chunk's last row."""
         tokens, positions, last = [], [], []
-        for seq, n in scheduled:
+        for seq, n in chunks:
             start = seq.kv.num_tokens
             tokens += seq.all_ids[start:start + n]
             positions += range(start, start + n)
             last.append(len(tokens) - 1)
+        return tokens, positions, last
+
+    def _run(self, scheduled: list[tuple[Sequence, int]]) -> list[RequestOutput]:
+        device = self.args.device
+        tokens, positions, last = self._rows(scheduled)
         batch = AttentionBatch([s.kv for s, _ in scheduled], [n for _, n in scheduled])
         hidden = self.graphs.run(tokens, positions, batch) if self.graphs is not None else None
         if hidden is None:
@@ -513,10 +520,9 @@ class LLMEngine:
         the sequences' caches take the chunks and those at their prompt's end sample their first token."""
         layered, L, device = self.layered, self.cfg.num_layers, self.args.device
         first = layered.next_layer
-        positions = torch.tensor([p for seq, n in layered.chunks for p in range(seq.kv.num_tokens,
-                                                                                 seq.kv.num_tokens + n)], device=device)
+        tokens, positions, ends = self._rows(layered.chunks)
+        positions = torch.tensor(positions, device=device)
         if first == 0:
-            tokens = [t for seq, n in layered.chunks for t in seq.all_ids[seq.kv.num_tokens:seq.kv.num_tokens + n]]
             layered.hidden = self.model.embed_tokens(torch.tensor(tokens, device=device))
         last = min(L, first + -(-L // self.args.layered_prefill)) if decodes else L
         batch = AttentionBatch([seq.kv for seq, _ in layered.chunks], [n for _, n in layered.chunks])
@@ -527,8 +533,7 @@ class LLMEngine:
             return []
         self.layered = None
         self.cache.commit(batch)
-        ends = list(itertools.accumulate(n for _, n in layered.chunks))
-        ready = [(seq, end - 1) for (seq, _), end in zip(layered.chunks, ends) if seq.num_pending == 0]
+        ready = [(seq, i) for (seq, _), i in zip(layered.chunks, ends) if seq.num_pending == 0]
         for seq, _ in layered.chunks:
             self.cache.cache_blocks(seq.kv, seq.all_ids)
         if not ready:  # chunks of longer prompts

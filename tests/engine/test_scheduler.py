@@ -82,18 +82,22 @@ QWEN3_MOE = dict(model_type="qwen3_moe", vocab_size=512, hidden_size=128, num_hi
                  max_position_embeddings=1024, tie_word_embeddings=False)
 
 
+def moe_engine(tmp_path, **args) -> LLMEngine:
+    """An engine over a dummy MoE of QWEN3_MOE's shape, fp32 on the CPU, fp16 KV."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_MOE))
+    return LLMEngine(EngineArgs(model=str(tmp_path), load_format="dummy", tokenizer="none", dtype="float32",
+                                **{"kv_format": "fp16", "max_num_seqs": 4, "max_num_batched_tokens": 256, **args}))
+
+
 def test_layered_chunks_of_several_prompts_one_cancelled_midway(tmp_path):
     """A MoE (dummy Qwen3 shape, 6 layers, groups of 2): two prompts arriving together go through the layers in one
     batch; one is cancelled after the first group. The other's tokens are those of a run without layering (where
     both prompts ran whole beside the decode, then one was cancelled), and every block comes back."""
-    (tmp_path / "config.json").write_text(json.dumps(QWEN3_MOE))
     g = torch.Generator().manual_seed(0)
     chat, first, second = (torch.randint(0, 512, (n,), generator=g).tolist() for n in (20, 44, 84))
     outputs = []
     for groups in (0, 3):
-        engine = LLMEngine(EngineArgs(model=str(tmp_path), load_format="dummy", tokenizer="none", dtype="float32",
-                                      kv_format="fp16", max_num_seqs=4, max_num_batched_tokens=256,
-                                      layered_prefill=groups))
+        engine = moe_engine(tmp_path, layered_prefill=groups)
         engine.add_request(None, greedy(10), request_id="chat", prompt_ids=chat)
         out, steps = {}, []
         for step in range(12):
@@ -114,14 +118,11 @@ def test_layered_chunks_of_several_prompts_one_cancelled_midway(tmp_path):
 def test_layered_chunks_start_after_a_cached_prefix(tmp_path):
     """With prefix caching, a follow-up whose first blocks an earlier request filled goes through the layers from
     where its cached blocks end: the same tokens and the same cache hits as without layering."""
-    (tmp_path / "config.json").write_text(json.dumps(QWEN3_MOE))
     g = torch.Generator().manual_seed(1)
     chat, history, turn = (torch.randint(0, 512, (n,), generator=g).tolist() for n in (20, 100, 30))
     outputs = []
     for groups in (0, 3):
-        engine = LLMEngine(EngineArgs(model=str(tmp_path), load_format="dummy", tokenizer="none", dtype="float32",
-                                      kv_format="fp16", max_num_seqs=4, max_num_batched_tokens=256,
-                                      enable_prefix_caching=True, layered_prefill=groups))
+        engine = moe_engine(tmp_path, enable_prefix_caching=True, layered_prefill=groups)
         engine.add_request(None, greedy(24), request_id="chat", prompt_ids=chat)
         out, chunks = {}, []
         for step in range(30):
@@ -142,9 +143,8 @@ def test_layered_chunks_start_after_a_cached_prefix(tmp_path):
 @pytest.mark.parametrize("args, match", [({"layered_prefill": -1}, "number of layer groups"),
                                          ({"layered_prefill": 4, "expert_budget_bytes": 1 << 20}, "streamed experts")])
 def test_layered_prefill_refuses_what_it_cannot_do(tmp_path, args, match):
-    (tmp_path / "config.json").write_text(json.dumps(QWEN3_MOE))
     with pytest.raises(ValueError, match=match):
-        LLMEngine(EngineArgs(model=str(tmp_path), load_format="dummy", tokenizer="none", **args))
+        moe_engine(tmp_path, **args)
 
 
 def test_step_target_keeps_chunks_small_beside_decodes():
