@@ -32,6 +32,11 @@ from pathlib import Path
 
 import pytest
 
+from kernels.testing import use_interpreter_without_gpu
+
+# Before any test module imports the engine: its kernels are then interpreted on CPU in every test order.
+use_interpreter_without_gpu()
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODEL_REPOSITORY = REPO_ROOT / "model_repository"
 DEFAULT_MODEL = "smollm2"
