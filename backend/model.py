@@ -193,14 +193,15 @@ class MoE(nn.Module):
         self.routed_tokens = None  # [E] float64: tokens routed to each expert, when the engine counts them
         self.routed_ones = None    # ones to add, as many as a step's (token, expert) pairs (shared by layers)
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def route(self, x: torch.Tensor, align: bool = False, counts=None) -> tuple[torch.Tensor, ...]:
         """(weights [T, top_k] in x's dtype, expert ids [T, top_k]). Seeded: the experts of the token's
         bucket, their weights from the router. A graph's padding rows (`valid_rows` False) take the first row's
-        experts at weight 0: no expert of their own."""
+        experts at weight 0: no expert of their own. `align` (one token, the fused kernels): also the pairs'
+        alignment for `fused_moe`, `counts` added to in the same launch (`moe_route`)."""
         seeded = (self.seeded_routes, self.route_keys) if self.seeded_routes is not None else (None, None)
         if fused(x):  # one launch instead of some eight
             from kernels.fused_moe import moe_route
-            return moe_route(self.gate(x), self.top_k, self.norm_topk_prob, *seeded, self.valid_rows)
+            return moe_route(self.gate(x), self.top_k, self.norm_topk_prob, *seeded, self.valid_rows, align, counts)
         return moe_route_ref(self.gate(x), self.top_k, self.norm_topk_prob, *seeded, self.valid_rows)
 
     def prefetch_logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -215,19 +216,23 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[T, H]; on CUDA with resident experts and no shared expert, the unreduced pairs [T, top_k, H], which
         the next RMSNorm sums (`RMSNorm.add_and_norm`): one launch fewer."""
-        weights, ids = self.route(x)
         kernel = fused(x) and self.experts is None
+        counts = None if self.routed_tokens is None else (self.routed_tokens, self.routed_ones)
+        align = None
+        if kernel and x.shape[0] == 1:  # a decode step at batch 1: no sort launch, its pairs laid out by the routing
+            weights, ids, align = self.route(x, align=True, counts=counts)
+        else:
+            weights, ids = self.route(x)
         if self.routed_tokens is not None and not kernel:  # on the device, no sync: captured in graphs too
             self.routed_tokens.index_add_(0, ids.flatten(), self.routed_ones[: ids.numel()])
         if self.experts is not None:
             out = self.experts.run(x, weights, ids)
         elif self.dense is not None:
             out = self.dense(x, weights, ids)
-        elif kernel:  # the routed-token counts are added by the kernel that sorts the pairs
+        elif kernel:  # the routed-token counts are added by the kernel that sorts the pairs (or routes them)
             from kernels.fused_moe import fused_moe
-            counts = None if self.routed_tokens is None else (self.routed_tokens, self.routed_ones)
             out = fused_moe(x, self.w13, self.w2, weights, ids, expert_counts=counts,
-                            reduce=self.shared_expert is not None)
+                            reduce=self.shared_expert is not None, align=align)
         else:
             gate, up = self.w13.chunk(2, dim=1)
             out = grouped_experts(x, weights, ids, self.gate.out_features, lambda e: (gate[e], up[e], self.w2[e]))

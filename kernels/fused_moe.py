@@ -336,11 +336,15 @@ def moe_align_ref(topk_ids: torch.Tensor, block_size: int, num_experts: int,
 
 @triton.jit
 def _route_kernel(Logits, Routes, Keys, Valid, Weights, Ids, E, stride_logits,
+                  Sorted, Expert_ids, Num_post_padded, Counts, Pair_weights,
                   TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-                  SEEDED: tl.constexpr, NORMALIZE: tl.constexpr, HAS_VALID: tl.constexpr):
+                  SEEDED: tl.constexpr, NORMALIZE: tl.constexpr, HAS_VALID: tl.constexpr,
+                  ALIGN: tl.constexpr, BLOCK_SIZE: tl.constexpr, HAS_COUNTS: tl.constexpr):
     """One program per token: softmax over the experts in fp32, then the top k (or the experts of the
     token's row of Routes, with their probabilities), renormalized over the k when asked. With HAS_VALID, a
-    row whose Valid is 0 (a CUDA graph's padding) takes row 0's experts at weight 0."""
+    row whose Valid is 0 (a CUDA graph's padding) takes row 0's experts at weight 0. With ALIGN (one token,
+    distinct experts): pair j alone in M-tile j, what `moe_align_block_size` gives sorted by pair instead of by
+    expert, and with HAS_COUNTS Counts[expert] += the pair's Pair_weights."""
     out = tl.program_id(0)
     t = out
     if HAS_VALID:
@@ -370,16 +374,29 @@ def _route_kernel(Logits, Routes, Keys, Valid, Weights, Ids, E, stride_logits,
         w = tl.where(valid, w, 0.0)
     tl.store(Weights + out * TOP_K + k, w.to(Weights.dtype.element_ty), mask=k < TOP_K)
     tl.store(Ids + out * TOP_K + k, ids, mask=k < TOP_K)
+    if ALIGN:
+        row = tl.arange(0, BLOCK_SIZE)
+        tl.store(Sorted + k[:, None] * BLOCK_SIZE + row[None, :], tl.where(row[None, :] == 0, k[:, None], TOP_K),
+                 mask=k[:, None] < TOP_K)  # a tile's rows after its pair: padding (the pair count)
+        tl.store(Expert_ids + k, ids.to(tl.int32), mask=k < TOP_K)
+        tl.store(Num_post_padded, TOP_K * BLOCK_SIZE)
+        if HAS_COUNTS:
+            ones = tl.load(Pair_weights + k, mask=k < TOP_K, other=0.0)
+            tl.atomic_add(Counts + ids, ones.to(Counts.dtype.element_ty), mask=k < TOP_K)
 
 
 def moe_route(logits: torch.Tensor, top_k: int, normalize: bool, routes: torch.Tensor | None = None,
-              keys: torch.Tensor | None = None, valid: torch.Tensor | None = None):
+              keys: torch.Tensor | None = None, valid: torch.Tensor | None = None, align: bool = False,
+              counts: tuple[torch.Tensor, torch.Tensor] | None = None):
     """Router logits [T, E] -> (weights [T, top_k] in the logits' dtype, ids [T, top_k] int64), in one
     launch: softmax in fp32, the top k (ties: the lower expert), weights renormalized to sum 1 when
     `normalize`. Seeded routing: token t takes the experts `routes[keys[t]]` ([buckets, top_k]) instead
     of its top k, their weights from the softmax all the same. `valid [T]` bool: rows where it is False (a CUDA
     graph's padding) take row 0's experts at weight 0, so they bring no expert of their own (two launches fewer
-    than masking after). Equals kernels.moe_reference.moe_route_ref."""
+    than masking after). Equals kernels.moe_reference.moe_route_ref.
+    `align` (one token): also its pairs' `MoEAlignment` for `fused_moe`, a tile each, and `counts` added to as
+    `moe_align_block_size` would: a decode step at batch 1 saves the sort's launch in every MoE layer (its top k
+    experts are distinct, so a tile per pair reads each once, as sorting would)."""
     T, E = logits.shape
     assert logits.stride(1) == 1
     weights = torch.empty(T, top_k, dtype=logits.dtype, device=logits.device)
@@ -389,11 +406,22 @@ def moe_route(logits: torch.Tensor, top_k: int, normalize: bool, routes: torch.T
         assert routes.is_contiguous() and routes.shape[1] == top_k and keys.shape == (T,)
     if valid is not None:
         assert valid.dtype == torch.bool and valid.shape == (T,) and valid.is_contiguous()
+    alignment, totals, pair_weights = None, ids, ids
+    if align:
+        assert T == 1 and top_k <= E, "a tile per pair: one token's distinct experts"
+        block_size = block_size_m(top_k, E)
+        alignment = MoEAlignment(torch.empty(top_k * block_size, dtype=torch.int32, device=logits.device),
+                                 torch.empty(top_k, dtype=torch.int32, device=logits.device),
+                                 torch.empty(1, dtype=torch.int32, device=logits.device), block_size)
+        if counts is not None:
+            totals, pair_weights = counts
     _route_kernel[(T,)](logits, routes if seeded else ids, keys if seeded else ids, ids if valid is None else valid,
-                        weights, ids, E, logits.stride(0), TOP_K=top_k, BLOCK_E=triton.next_power_of_2(E),
+                        weights, ids, E, logits.stride(0), *(alignment[:3] if align else (ids, ids, ids)),
+                        totals, pair_weights, TOP_K=top_k, BLOCK_E=triton.next_power_of_2(E),
                         BLOCK_K=triton.next_power_of_2(top_k), SEEDED=seeded, NORMALIZE=normalize,
-                        HAS_VALID=valid is not None, num_warps=4)
-    return weights, ids
+                        HAS_VALID=valid is not None, ALIGN=align, BLOCK_SIZE=alignment.block_size if align else 1,
+                        HAS_COUNTS=counts is not None, num_warps=4)
+    return (weights, ids, alignment) if align else (weights, ids)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -461,16 +489,19 @@ def reduce_pairs(pairs: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.T
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, slot_map: torch.Tensor | None = None,
-              expert_counts: tuple[torch.Tensor, torch.Tensor] | None = None, reduce: bool = True) -> torch.Tensor:
+              expert_counts: tuple[torch.Tensor, torch.Tensor] | None = None, reduce: bool = True,
+              align: MoEAlignment | None = None) -> torch.Tensor:
     """MoE output `[T, H]` for `x [T, H]` routed to `topk_ids` with `topk_weights [T, top_k]`.
     `slot_map [E]` maps experts to slots of the pools `w13 [S, 2I, H]`, `w2 [S, H, I]`; every
     routed expert must have a slot. None: the pools are the stacked experts (E == S).
     `expert_counts`: (totals [E], pair weights), `moe_align_block_size`'s `counts`. `reduce=False`: the pairs
-    `[T, top_k, H]` (routing weights applied) instead of their sum over top_k."""
+    `[T, top_k, H]` (routing weights applied) instead of their sum over top_k. `align`: the pairs' alignment
+    already made (`moe_route(align=True)`, which counted them too), else sorted here."""
     T, H = x.shape
     top_k = topk_ids.shape[1]
     num_experts = w13.shape[0] if slot_map is None else slot_map.shape[0]
-    align = moe_align_block_size(topk_ids, block_size_m(T * top_k, num_experts), num_experts, expert_counts)
+    if align is None:
+        align = moe_align_block_size(topk_ids, block_size_m(T * top_k, num_experts), num_experts, expert_counts)
     act = torch.empty(T * top_k, w2.shape[2], dtype=x.dtype, device=x.device)
     pairs = torch.empty(T * top_k, H, dtype=x.dtype, device=x.device)
     fused_moe_pass(x, w13, w2, topk_weights.contiguous(), align, slot_map, act, pairs)

@@ -119,6 +119,32 @@ def test_route_equals_softmax_topk(E, top_k, normalize, seeded, padded):
     assert fp16.dtype == torch.float16
 
 
+@pytest.mark.parametrize("E, top_k", [(128, 8), (60, 4), (8, 2)])
+@pytest.mark.parametrize("seeded", [False, True])
+def test_one_tokens_routing_lays_out_its_pairs_for_the_fused_moe(E, top_k, seeded):
+    """`moe_route(align=True)` (a decode step at batch 1): the same weights and experts, a tile per pair (pair j
+    in tile j, then padding), the counts `moe_align_block_size` adds, and the same MoE output as its sort."""
+    g = torch.Generator().manual_seed(E + seeded)
+    logits = torch.randn(1, E, generator=g).to(DEVICE)
+    seed = ((torch.randperm(E, generator=g)[:top_k][None].to(DEVICE), torch.zeros(1, dtype=torch.long).to(DEVICE))
+            if seeded else (None, None))
+    pair_weights = torch.tensor([1.0] * top_k + [0.0], dtype=torch.float64, device=DEVICE)
+    totals = torch.arange(E, dtype=torch.float64, device=DEVICE)  # added to, not overwritten
+    weights, ids, align = moe_route(logits, top_k, True, *seed, align=True, counts=(totals, pair_weights))
+    ref_weights, ref_ids = moe_route(logits, top_k, True, *seed)
+    assert ids.tolist() == ref_ids.tolist() and torch.equal(weights, ref_weights)
+    block = block_size_m(top_k, E)
+    assert align.block_size == block and align.num_tokens_post_padded.tolist() == [top_k * block]
+    assert align.expert_ids.tolist() == ids[0].tolist()
+    assert align.sorted_token_ids.view(top_k, block).tolist() == [[j] + [top_k] * (block - 1) for j in range(top_k)]
+    expected = torch.arange(E, dtype=torch.float64, device=DEVICE).index_add_(0, ids[0], pair_weights[:top_k])
+    assert torch.equal(totals, expected)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 32, generator=g).to(DEVICE)
+    w13, w2 = torch.randn(E, 2 * 16, 32, generator=g).to(DEVICE) / 6, torch.randn(E, 32, 16, generator=g).to(DEVICE) / 4
+    assert torch.equal(fused_moe(x, w13, w2, weights, ids, align=align), fused_moe(x, w13, w2, weights, ids))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_dtypes(dtype):
     # H and I not multiples of the tiles: masked K and N edges
