@@ -651,6 +651,7 @@ class LLMEngine:
         behind: its requests finish, and the step-time curve and routing counts start empty. Returns the seconds
         taken; 0 where the cache is too small to hold it."""
         start = time.perf_counter()
+        self.model.warm_up_kernels(self.args.max_num_batched_tokens)
         bs = self.cache.block_size
         beside = self.args.max_num_batched_tokens - 1  # prompt tokens a step takes beside one decode
         if self.graphs is not None and self.graphs.max_tokens:

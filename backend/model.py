@@ -96,6 +96,25 @@ class Rotary:
         return self.rotate(x, *self.at(positions, x.dtype))
 
 
+# Eager CUDA GEMMs of more than GEMM_ROWS rows run on a multiple of it: cuBLAS chooses its kernel on the first call
+# of each (rows, in, out), 3-5 ms of host time (H100, cuBLAS 13; journal 2026-12-06 31a), which eager prompt chunks of
+# every length paid at nearly every step (a layered group's first layers: +11 ms). Padded, the sizes are few, and
+# `Transformer.warm_up_kernels` runs them all at start-up.
+GEMM_ROWS = 64
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose eager calls on the fused-kernel path (CUDA) on more than GEMM_ROWS rows pad them to a multiple
+    of it (at most 63 rows; graph captures keep their sizes)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        T = x.shape[0]
+        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        if T > GEMM_ROWS and T % GEMM_ROWS and fused(x) and not capturing:
+            return F.linear(F.pad(x, (0, 0, 0, -T % GEMM_ROWS)), self.weight, self.bias)[:T]
+        return super().forward(x)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__()
@@ -103,8 +122,8 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         # q, k and v in one GEMM (the loader concatenates HF's q_proj, k_proj, v_proj)
         self.qkv_sizes = [cfg.num_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2
-        self.qkv_proj = nn.Linear(cfg.hidden_size, sum(self.qkv_sizes), bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.qkv_proj = Linear(cfg.hidden_size, sum(self.qkv_sizes), bias=cfg.attention_bias)
+        self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm == "head":
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -156,8 +175,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, hidden: int, inter: int):
         super().__init__()
-        self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=False)  # HF's gate_proj and up_proj, stacked
-        self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.gate_up_proj = Linear(hidden, 2 * inter, bias=False)  # HF's gate_proj and up_proj, stacked
+        self.down_proj = Linear(inter, hidden, bias=False)
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -177,13 +196,13 @@ class MoE(nn.Module):
         super().__init__()
         E, H, I = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         self.top_k, self.norm_topk_prob = cfg.num_experts_per_tok, cfg.norm_topk_prob
-        self.gate = nn.Linear(H, E, bias=False)
+        self.gate = Linear(H, E, bias=False)
         self.w13 = nn.Parameter(torch.empty(E, 2 * I, H))
         self.w2 = nn.Parameter(torch.empty(E, H, I))
         self.shared_expert = None
         if cfg.shared_expert_intermediate_size:
             self.shared_expert = MLP(H, cfg.shared_expert_intermediate_size)
-            self.shared_expert_gate = nn.Linear(H, 1, bias=False)
+            self.shared_expert_gate = Linear(H, 1, bias=False)
         self.experts = None  # an ExpertCache (backend/experts.py) replaces the stacked weights when streaming
         self.dense = None    # DenseExperts replaces them on the CPU when the experts are tiny (`densify`)
         self.seeded_routes = None  # [buckets, top_k] experts per bucket: seeded routing (`seed_routing`)
@@ -257,8 +276,8 @@ class DenseExperts(nn.Module):
         super().__init__()
         E, two_i, H = w13.shape
         self.num_experts, self.inter = E, two_i // 2
-        self.gate_up = nn.Linear(H, E * two_i, bias=False)   # rows: expert 0's gate, its up, expert 1's gate, ...
-        self.down = nn.Linear(E * self.inter, H, bias=False)  # columns: expert 0's neurons, expert 1's, ...
+        self.gate_up = Linear(H, E * two_i, bias=False)   # rows: expert 0's gate, its up, expert 1's gate, ...
+        self.down = Linear(E * self.inter, H, bias=False)  # columns: expert 0's neurons, expert 1's, ...
         self.gate_up.weight = nn.Parameter(w13.reshape(E * two_i, H), requires_grad=False)
         self.down.weight = nn.Parameter(w2.permute(1, 0, 2).reshape(H, E * self.inter), requires_grad=False)
 
@@ -385,7 +404,7 @@ class Transformer(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary: Rotary | None = None
@@ -439,6 +458,34 @@ class Transformer(nn.Module):
         """tokens, positions: [T]. Returns final hidden states [T, hidden]."""
         x, residual = self.forward_layers(self.embed_tokens(tokens), None, positions, kv_cache, batch)
         return self.final_norm(x, residual)
+
+    @torch.no_grad()
+    def warm_up_kernels(self, max_rows: int):
+        """What eager steps of any number of rows up to `max_rows` would otherwise do on their first call (CUDA):
+        cuBLAS's choice for each GEMM shape at each row count a `Linear` runs (1 to GEMM_ROWS, then its multiples),
+        and the fused MoE's compiles for each M-tile size with even and odd pair counts (600-1,000 ms each)."""
+        device = self.embed_tokens.weight.device
+        if not fused(self.embed_tokens.weight):
+            return
+        linears = {(m.in_features, m.out_features, m.bias is None, m.weight.dtype): m
+                   for m in self.modules() if isinstance(m, Linear)}
+        rows = [*range(1, GEMM_ROWS + 1), *range(2 * GEMM_ROWS, max_rows + GEMM_ROWS, GEMM_ROWS)]
+        for m in linears.values():
+            sizes = rows if m is not self.lm_head else rows[:GEMM_ROWS]  # (the rows sampled: a few a sequence)
+            x = torch.zeros(sizes[-1], m.in_features, dtype=m.weight.dtype, device=device)
+            for T in sizes:
+                m(x[:T])
+        moe = next((m for m in self.modules() if isinstance(m, MoE) and m.experts is None and m.dense is None), None)
+        if moe is None:
+            return
+        from kernels.fused_moe import block_size_m, fused_moe
+        E, k = moe.gate.out_features, moe.top_k
+        edges = sorted({T for T in range(1, max_rows + 1) if block_size_m(T * k, E) != block_size_m((T - 1) * k, E)})
+        sizes = sorted({T for edge in [1, *edges] for T in (edge, edge + 1) if T <= max_rows})  # each tile, odd, even
+        x = torch.zeros(sizes[-1], moe.w13.shape[2], dtype=moe.w13.dtype, device=device)
+        for T in sizes:
+            ids = torch.arange(T * k, device=device).view(T, k) % E
+            fused_moe(x[:T], moe.w13, moe.w2, torch.ones(T, k, dtype=x.dtype, device=device), ids)
 
     def forward_layers(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, kv_cache, batch,
                        first: int = 0, last: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -186,6 +186,7 @@ def main() -> int:
     for arm in a.arms.split(","):
         engine = served_engine(arm, a.long)
         engine.graphs.capture_all()
+        engine.warm_up()  # as the server starts: the compiles and GEMM choices of first steps, not in the steps timed
         for users in (int(u) for u in a.users.split(",")):
             profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) if a.profile else None
             rows, first_tokens = run(engine, users, a.steps, a.warmup, tenants=LONG_TENANTS if a.long else TENANTS,

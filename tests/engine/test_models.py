@@ -80,11 +80,13 @@ def checkpoint(request, tmp_path_factory):
     return family, device, ref, engine
 
 
-def test_logits_match_transformers(checkpoint):
+@pytest.mark.parametrize("chunk_size", [40, 150])
+def test_logits_match_transformers(checkpoint, chunk_size):
+    """In chunks of 40 rows, and of 150 (on the kernel path its GEMMs padded to 192 rows, `model.Linear`)."""
     family, device, ref, engine = checkpoint
     ids = torch.randint(0, 49152, (150,), generator=torch.Generator().manual_seed(1)).tolist()
     with kernels_on_cpu(device):
-        ours = engine.score(ids, chunk_size=40).cpu()
+        ours = engine.score(ids, chunk_size=chunk_size).cpu()
     with torch.no_grad():
         expected = ref(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(ours, expected, atol=ATOL_FP32, rtol=1e-4)
