@@ -1,0 +1,15 @@
+# H100/H200: the engine mix, fp16 against layered groups of 8 (HEAD: GEMM rows padded to 64 and warmed) and the
+# same layered arm without the padding (.probe/base, e7a775a; the same bench with the engine's warm-up), in turns.
+export PYTHONPATH=.
+mkdir -p $OUT/mix
+here=$(pwd)
+start=$(date +%s)
+for spec in head:fp16:layered8 base:fp16:layered8 head:fp16 head:fp16:layered4; do
+  if [ $(( $(date +%s) - start )) -gt 330 ]; then echo "skip $spec (time)"; continue; fi
+  tree=${spec%%:*}; arm=${spec#*:}; name=${tree}_${arm//:/_}
+  dir=$here; [ $tree = base ] && dir=$here/.probe/base
+  (cd $dir && PYTHONPATH=. timeout 140 python benchmarks/bench_step_mix.py --arms $arm --users 8,32 --steps 200 \
+     --warmup 30 --out $OUT/mix/$name.json > $OUT/mix/$name.txt 2>&1)
+  echo "$name rc=$?"; grep "users" $OUT/mix/$name.txt | cut -c1-330
+done
+cd $OUT && tar czf mix.tgz mix && rm -rf mix
