@@ -5,7 +5,7 @@ export PYTHONPATH=.
 mkdir -p $OUT/mix
 here=$(pwd)
 start=$(date +%s)
-for spec in head:fp16:layered8 base:fp16:layered8 head:fp16 head:fp16:layered4 head:fp16:layered2; do
+for spec in head:fp16:layered8 base:fp16:layered8 head:fp16 head:fp16:layered4 head:fp16:layered3 head:fp16:layered2; do
   if [ $(( $(date +%s) - start )) -gt 420 ]; then echo "skip $spec (time)"; continue; fi
   tree=${spec%%:*}; arm=${spec#*:}; name=${tree}_${arm//:/_}
   dir=$here; [ $tree = base ] && dir=$here/.probe/base
