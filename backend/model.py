@@ -97,7 +97,7 @@ class Rotary:
 
 
 # Eager CUDA GEMMs of more than GEMM_ROWS rows run on a multiple of it: cuBLAS chooses its kernel on the first call
-# of each (rows, in, out), 3-5 ms of host time (H100, cuBLAS 13; journal 2026-12-06 31a), which eager prompt chunks of
+# of each (rows, in, out), 3-7 ms of host time (H100, cuBLAS 13; journal 2026-12-06 31a), which eager prompt chunks of
 # every length paid at nearly every step (a layered group's first layers: +11 ms). Padded, the sizes are few, and
 # `Transformer.warm_up_kernels` runs them all at start-up.
 GEMM_ROWS = 64
