@@ -131,7 +131,8 @@ def run(engine, users: int, steps: int, warmup: int, seed: int = 0, tenants: dic
             if i >= warmup:
                 rows.append({"kind": kind, "ms": ms, "forward_ms": spent["forward"], "compress_ms": spent["compress"],
                              "decodes": sum(n == 1 for _, n in engine.plan), "prompt_tokens": sum(n for _, n in chunks),
-                             "prompt_chunks": len(chunks), "history": max((at for at, _ in chunks), default=0)})
+                             "prompt_chunks": len(chunks), "history": max((at for at, _ in chunks), default=0),
+                             "layers": None if layered is None else layered[1:]})  # (a layered step's first, last)
     finally:
         if profiling:
             torch.cuda.synchronize()
