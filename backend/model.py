@@ -463,7 +463,7 @@ class Transformer(nn.Module):
     def warm_up_kernels(self, max_rows: int):
         """What eager steps of any number of rows up to `max_rows` would otherwise do on their first call (CUDA):
         cuBLAS's choice for each GEMM shape at each row count a `Linear` runs (1 to GEMM_ROWS, then its multiples),
-        and the fused MoE's compiles for each M-tile size with even and odd pair counts (600-1,000 ms each)."""
+        and the fused MoE's compiles, once per `moe_kernel_variant` (600-1,000 ms each)."""
         device = self.embed_tokens.weight.device
         if not fused(self.embed_tokens.weight):
             return
@@ -478,10 +478,12 @@ class Transformer(nn.Module):
         moe = next((m for m in self.modules() if isinstance(m, MoE) and m.experts is None and m.dense is None), None)
         if moe is None:
             return
-        from kernels.fused_moe import block_size_m, fused_moe
+        from kernels.fused_moe import fused_moe, moe_kernel_variant
         E, k = moe.gate.out_features, moe.top_k
-        edges = sorted({T for T in range(1, max_rows + 1) if block_size_m(T * k, E) != block_size_m((T - 1) * k, E)})
-        sizes = sorted({T for edge in [1, *edges] for T in (edge, edge + 1) if T <= max_rows})  # each tile, odd, even
+        first = {}  # each variant's fewest rows
+        for T in range(1, max_rows + 1):
+            first.setdefault(moe_kernel_variant(T * k, E), T)
+        sizes = sorted(first.values())
         x = torch.zeros(sizes[-1], moe.w13.shape[2], dtype=moe.w13.dtype, device=device)
         for T in sizes:
             ids = torch.arange(T * k, device=device).view(T, k) % E

@@ -435,6 +435,13 @@ def block_size_m(num_pairs: int, num_experts: int) -> int:
     return 16 if per_expert <= 16 else 32 if per_expert <= 48 else 64 if per_expert <= 96 else 128
 
 
+def moe_kernel_variant(num_pairs: int, num_experts: int) -> tuple[int, bool, bool]:
+    """What a call's compiled kernels depend on besides the weights' shapes: the M-tile, the sort in one program or
+    several, and whether the pair count is a multiple of 16 (Triton specializes integer arguments on it). A
+    warm-up that runs each variant once leaves nothing to compile for a first prompt of any length."""
+    return block_size_m(num_pairs, num_experts), num_pairs <= ALIGN_ONE_PROGRAM_MAX_PAIRS, num_pairs % 16 == 0
+
+
 def _default_config(block_m: int, device: torch.device) -> dict:
     if device.type != "cuda":  # the interpreter: few, large programs
         return {"BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 1}

@@ -15,6 +15,7 @@ import transformers  # noqa: E402
 from backend import model as model_module  # noqa: E402
 from backend.engine import EngineArgs, LLMEngine  # noqa: E402
 from backend.sampling import SamplingParams  # noqa: E402
+from kernels.fused_moe import fused_moe, moe_kernel_variant  # noqa: E402
 
 # float32: equal up to summation order.
 ATOL_FP32 = 1e-4
@@ -114,6 +115,32 @@ def test_greedy_equals_transformers_generate(checkpoint):
         fed = sum(map(len, prompts)) + len(prompts) * (params.max_tokens - 1)
         counts = engine.routing_counts()
         assert counts.sum(1).tolist() == [fed * engine.cfg.num_experts_per_tok] * len(counts)
+
+
+def test_kernel_warm_up_runs_every_moe_variant_and_changes_nothing(checkpoint):
+    """`Transformer.warm_up_kernels` (the engine's start-up on CUDA): on the kernel path the fused MoE runs once in each
+    variant a prompt of up to `max_rows` rows (80 here) would compile (`moe_kernel_variant`), and afterwards the logits
+    and the routing counts are what they were; off the kernel path nothing runs."""
+    from kernels import fused_moe as fused_moe_module
+    family, device, ref, engine = checkpoint
+    ids = torch.randint(0, 49152, (30,), generator=torch.Generator().manual_seed(4)).tolist()
+    with kernels_on_cpu(device):
+        before = engine.score(ids, chunk_size=30)
+        counts = engine.routing_counts() if engine.moe_layers else None
+        calls = []
+        with mock.patch.object(fused_moe_module, "fused_moe",
+                               side_effect=lambda x, *a, **k: calls.append(x.shape[0]) or fused_moe(x, *a, **k)):
+            engine.model.warm_up_kernels(80)
+        if counts is not None:
+            assert torch.equal(engine.routing_counts(), counts)
+        assert torch.equal(engine.score(ids, chunk_size=30), before)
+    moe = next((m for m in engine.moe_layers if m.dense is None), None)
+    if device in ("cuda", "cpu-kernels") and moe is not None:
+        E, k = moe.gate.out_features, moe.top_k
+        assert {moe_kernel_variant(T * k, E) for T in calls} == {moe_kernel_variant(T * k, E) for T in range(1, 81)}
+        assert len(calls) == len(set(calls)) > 1
+    else:
+        assert not calls
 
 
 def test_values_rotated_into_the_cache_leave_the_logits(checkpoint):
