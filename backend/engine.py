@@ -506,14 +506,17 @@ class LLMEngine:
         if hidden is None:
             hidden = self.model(torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
                                 self.cache, batch)
+        ready, rows = self._commit(batch, scheduled, last)
+        return self._sample(ready, hidden[rows]) if ready else []
+
+    def _commit(self, batch: AttentionBatch, chunks: list[tuple[Sequence, int]], last: list[int]):
+        """The chunks' KV into their sequences' caches (and the prefix cache); the sequences whose whole context is
+        now cached (a prompt's last chunk, or a decode), which sample next, and the rows of their last tokens."""
         self.cache.commit(batch)
-        for seq, _ in scheduled:
+        for seq, _ in chunks:
             self.cache.cache_blocks(seq.kv, seq.all_ids)
-        # sample for every sequence whose whole context is now cached (last prefill chunk or decode)
-        ready = [(seq, i) for (seq, _), i in zip(scheduled, last) if seq.num_pending == 0]
-        if not ready:
-            return []
-        return self._sample([seq for seq, _ in ready], hidden[[i for _, i in ready]])
+        ready = [(seq, i) for (seq, _), i in zip(chunks, last) if seq.num_pending == 0]
+        return [seq for seq, _ in ready], [i for _, i in ready]
 
     def _run_layers(self, decodes: bool) -> list[RequestOutput]:
         """The layered chunks' next group of layers (all that are left in a step without decodes); after the last,
@@ -532,15 +535,10 @@ class LLMEngine:
         if last < L:
             return []
         self.layered = None
-        self.cache.commit(batch)
-        ready = [(seq, i) for (seq, _), i in zip(layered.chunks, ends) if seq.num_pending == 0]
-        for seq, _ in layered.chunks:
-            self.cache.cache_blocks(seq.kv, seq.all_ids)
+        ready, rows = self._commit(batch, layered.chunks, ends)
         if not ready:  # chunks of longer prompts
             return []
-        rows = [i for _, i in ready]
-        hidden = self.model.final_norm(layered.hidden[rows], layered.residual[rows])
-        return self._sample([seq for seq, _ in ready], hidden)
+        return self._sample(ready, self.model.final_norm(layered.hidden[rows], layered.residual[rows]))
 
     def _sample(self, seqs: list[Sequence], hidden: torch.Tensor) -> list[RequestOutput]:
         """Each sequence's next token from its last position's final hidden state (a row of `hidden`)."""
@@ -648,8 +646,9 @@ class LLMEngine:
         beside its decode, the first across blocks, the second over a cached history (the history's rebuild,
         flash attention, the compression of the blocks filled, the decode kernel of eager steps). Without it the
         first requests waited seconds: 11.5 s for the first graph-pieced step (H100, 2026-12-05). Leaves nothing
-        behind: its requests finish, and the step-time curve and routing counts start empty. Returns the seconds
-        taken; 0 where the cache is too small to hold it."""
+        behind: its requests finish, and the step-time curve and routing counts start empty. First, every GEMM
+        row count and fused-MoE variant an eager step can meet (`Transformer.warm_up_kernels`). Returns the seconds
+        taken (that alone where the cache is too small to hold the load)."""
         start = time.perf_counter()
         self.model.warm_up_kernels(self.args.max_num_batched_tokens)
         bs = self.cache.block_size
@@ -657,14 +656,14 @@ class LLMEngine:
         if self.graphs is not None and self.graphs.max_tokens:
             beside = min(beside, self.graphs.max_tokens - 1)
         if beside < 1:  # (a step of one token: nothing rides beside a decode)
-            return 0.0
+            return time.perf_counter() - start
         decoding = 2 * bs + 1  # two closed blocks to decode over
         capacity = (self.cache.allocator.num_free - 4) * bs
         prompt = min(beside + 2 * bs, capacity - decoding, self.max_model_len - 3)
         # (while the prompt's chunks run, as the output limit allows)
         decode_steps = min(-(-prompt // beside) + 4, self.limits.max_output_tokens, self.max_model_len - decoding - 1)
         if prompt < 2 * bs or decode_steps < 2 or self.has_unfinished():
-            return 0.0
+            return time.perf_counter() - start
         step_cost, self.step_cost = self.step_cost, None  # (chunks as large as the step allows)
         try:
             self.add_request(None, SamplingParams(max_tokens=decode_steps, temperature=0, ignore_eos=True),

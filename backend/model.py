@@ -109,8 +109,8 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[0]
-        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
-        if T > GEMM_ROWS and T % GEMM_ROWS and fused(x) and not capturing:
+        if (T > GEMM_ROWS and T % GEMM_ROWS and fused(x)
+                and not (x.is_cuda and torch.cuda.is_current_stream_capturing())):  # (decode rows check no more)
             return F.linear(F.pad(x, (0, 0, 0, -T % GEMM_ROWS)), self.weight, self.bias)[:T]
         return super().forward(x)
 
