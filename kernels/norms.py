@@ -76,37 +76,39 @@ def rms_norm_ref(x, weight, eps, residual=None):
 @triton.jit
 def _qk_norm_rope_kernel(QKV, QW, KW, Cos, SignedSin, Q, K, KRot, stride_qkv, stride_rope, eps,
                          NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, D: tl.constexpr,
-                         NORM: tl.constexpr):
-    """Grid (T, Hq + Hkv): one head row of one token. q heads -> Q; kv heads -> K (normed) and KRot."""
+                         BLOCK_H: tl.constexpr, NORM: tl.constexpr):
+    """Grid (T, cdiv(Hq + Hkv, BLOCK_H)): BLOCK_H head rows of one token (a program per head row made a
+    2,048-token chunk 73,728 one-warp programs). q heads -> Q; kv heads -> K (normed) and KRot."""
     t = tl.program_id(0)
-    h = tl.program_id(1)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     d = tl.arange(0, D)
     rolled = (d + D // 2) % D
-    row = QKV + t * stride_qkv + h * D
-    x = tl.load(row + d)
-    x_rolled = tl.load(row + rolled)
+    mask_h = h < NUM_Q_HEADS + NUM_KV_HEADS
+    is_q = h < NUM_Q_HEADS
+    row = QKV + t * stride_qkv + h[:, None] * D
+    x = tl.load(row + d[None, :], mask=mask_h[:, None], other=0.0)
+    x_rolled = tl.load(row + rolled[None, :], mask=mask_h[:, None], other=0.0)
     if NORM:
         xf = x.to(tl.float32)
-        inv_rms = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / D + eps)
-        if h < NUM_Q_HEADS:
-            w = tl.load(QW + d).to(tl.float32)
-            w_rolled = tl.load(QW + rolled).to(tl.float32)
-        else:
-            w = tl.load(KW + d).to(tl.float32)
-            w_rolled = tl.load(KW + rolled).to(tl.float32)
-        x = (w * (xf * inv_rms).to(x.dtype).to(tl.float32)).to(x.dtype)
-        x_rolled = (w_rolled * (x_rolled.to(tl.float32) * inv_rms).to(x.dtype).to(tl.float32)).to(x.dtype)
-    cos = tl.load(Cos + t * stride_rope + d).to(tl.float32)
-    signed_sin = tl.load(SignedSin + t * stride_rope + d).to(tl.float32)
+        inv_rms = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / D + eps)
+        w = tl.where(is_q[:, None], tl.load(QW + d)[None, :], tl.load(KW + d)[None, :]).to(tl.float32)
+        w_rolled = tl.where(is_q[:, None], tl.load(QW + rolled)[None, :],
+                            tl.load(KW + rolled)[None, :]).to(tl.float32)
+        x = (w * (xf * inv_rms[:, None]).to(x.dtype).to(tl.float32)).to(x.dtype)
+        x_rolled = (w_rolled * (x_rolled.to(tl.float32) * inv_rms[:, None]).to(x.dtype).to(tl.float32)).to(x.dtype)
+    cos = tl.load(Cos + t * stride_rope + d).to(tl.float32)[None, :]
+    signed_sin = tl.load(SignedSin + t * stride_rope + d).to(tl.float32)[None, :]
     a = (x.to(tl.float32) * cos).to(x.dtype).to(tl.float32)
     b = (x_rolled.to(tl.float32) * signed_sin).to(x.dtype).to(tl.float32)
     rotated = (a + b).to(x.dtype)
-    if h < NUM_Q_HEADS:
-        tl.store(Q + (t * NUM_Q_HEADS + h) * D + d, rotated)
-    else:
-        kh = h - NUM_Q_HEADS
-        tl.store(K + (t * NUM_KV_HEADS + kh) * D + d, x)
-        tl.store(KRot + (t * NUM_KV_HEADS + kh) * D + d, rotated)
+    tl.store(Q + (t * NUM_Q_HEADS + h)[:, None] * D + d[None, :], rotated, mask=(mask_h & is_q)[:, None])
+    is_kv = mask_h & ~is_q
+    kv_rows = (t * NUM_KV_HEADS + h - NUM_Q_HEADS)[:, None] * D + d[None, :]
+    tl.store(K + kv_rows, x, mask=is_kv[:, None])
+    tl.store(KRot + kv_rows, rotated, mask=is_kv[:, None])
+
+
+QK_HEADS_PER_PROGRAM = 8
 
 
 def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -124,10 +126,13 @@ def qk_norm_rope(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim:
     k = torch.empty(T, num_kv_heads, D, dtype=qkv.dtype, device=qkv.device)
     k_rot = torch.empty_like(k)
     norm = q_weight is not None
-    _qk_norm_rope_kernel[(T, num_heads + num_kv_heads)](
+    heads = num_heads + num_kv_heads
+    block_h = min(QK_HEADS_PER_PROGRAM, triton.next_power_of_2(heads))
+    _qk_norm_rope_kernel[(T, triton.cdiv(heads, block_h))](
         qkv, q_weight if norm else qkv, k_weight if norm else qkv, cos, signed_sin, q, k, k_rot,
         qkv.stride(0), cos.stride(0), eps,
-        NUM_Q_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, D=D, NORM=norm, num_warps=1)
+        NUM_Q_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, D=D, BLOCK_H=block_h, NORM=norm,
+        num_warps=max(1, min(4, block_h * D // 256)))
     return q, k, k_rot
 
 

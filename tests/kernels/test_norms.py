@@ -12,6 +12,7 @@ DEVICE = use_interpreter_without_gpu()
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from kernels import norms  # noqa: E402
 from kernels.norms import qk_norm_rope, qk_norm_rope_ref, rms_norm, rms_norm_ref  # noqa: E402
 from kernels.testing import rope_tables  # noqa: E402
 
@@ -57,7 +58,9 @@ def test_rms_norm_sums_a_moes_pairs_first(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("norm", [True, False])
-def test_qk_norm_rope(dtype, norm):
+@pytest.mark.parametrize("heads_per_program", [8, 4])  # 6 head rows: one program, or two (q heads, then kv)
+def test_qk_norm_rope(dtype, norm, heads_per_program, monkeypatch):
+    monkeypatch.setattr(norms, "QK_HEADS_PER_PROGRAM", heads_per_program)
     g = torch.Generator().manual_seed(1)
     T, Hq, Hkv, D = 3, 4, 2, 32
     qkv = (torch.randn(T, (Hq + 2 * Hkv) * D, generator=g) * 2).to(dtype).to(DEVICE)
