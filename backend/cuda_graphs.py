@@ -56,12 +56,13 @@ GRAPH_MAX_HISTORY_READS = 1_500_000
 
 class StepGraphs:
     def __init__(self, model: Transformer, cache: PagedKVCache, max_batch: int, max_len: int, max_tokens: int = 0,
-                 capture: bool = True, piecewise: bool = False):
+                 capture: bool = True, piecewise: bool = False, layer_groups: list[tuple[int, int]] = ()):
         """`max_tokens`: the most tokens of a step with prompt chunks that replays a graph (0, or a cache whose
         rows cannot attend so, `PagedKVCache.mixed_rows_supported`: decode steps only). `capture=False` runs the
         same static buffers eagerly (a CPU test of everything but the capture). `piecewise`: windowed formats'
         steps whose attention runs eagerly (chunks across blocks, long histories) as graph pieces (the module's
-        docstring)."""
+        docstring). `layer_groups`: the (first, last) layers a layered prefill step runs beside decodes
+        (`EngineArgs.layered_prefill`), as graphs of up to `max_tokens` rows (page-addressed formats)."""
         self.model, self.cache, self.max_batch, self.capture = model, cache, max_batch, capture
         self.max_tokens = max(max_tokens, max_batch) if max_tokens and cache.mixed_rows_supported() else 0
         self.token_sizes = [s for s in TOKEN_SIZES if s < self.max_tokens] + [self.max_tokens] if self.max_tokens else []
@@ -86,6 +87,14 @@ class StepGraphs:
         self.compression = CompressGraphs(cache, capture) if kernel else None
         if self.compression is not None:
             cache.compress_blocks = self.compression
+        # layered prefill: a group of layers of the prompt chunks a step, beside the decodes' graph. Eager, such a
+        # step was bound by its launches: 7.4 ms for 6 layers of 96 rows beside a 9.7 ms decode graph (H100, Qwen3-
+        # 30B-A3B, journal 2026-12-07 32a). Their residual stream goes from graph to graph in static buffers
+        self.layer_groups = list(layer_groups) if self.max_tokens and not cache.windowed else []
+        if self.layer_groups:
+            H, dtype = model.cfg.hidden_size, model.embed_tokens.weight.dtype
+            self.layer_hidden = torch.zeros(self.max_tokens, H, dtype=dtype, device=device)
+            self.layer_residual = torch.zeros_like(self.layer_hidden)
         if self.piecewise:  # a layer's attention inputs and output between graph pieces
             cfg, dtype = model.cfg, model.embed_tokens.weight.dtype
             self.attn_in = [torch.zeros(self.max_tokens, h, cfg.head_dim, dtype=dtype, device=device)
@@ -122,19 +131,13 @@ class StepGraphs:
             # pieces: the attention eagerly between graph pieces, of the step's T rows (padding rows read zeros)
             key = ("pieces" if eager_attention else "mixed", size)
             pad, num_tiles = (size - T, *place), self.cache.num_tiles(size, self.max_batch)
-            self.valid[:T].fill_(True)
-            self.valid[T:size].fill_(False)
-            batch.valid_rows = self.valid[:size]  # padding rows route to no expert of their own (MoE.forward)
         self.cache.wait_compressed()  # the side stream's compression: waited for outside the graph
         if key[0] != "pieces":  # (the eager attention between pieces builds what it reads)
             batch.decode_meta = self.cache.build_decode_meta(batch, self.meta, pad, num_tiles)
         self.tokens[:T].copy_(torch.tensor(tokens), non_blocking=True)
-        self.positions[:T].copy_(torch.tensor(positions), non_blocking=True)
         if size > T:
             self.tokens[T:size].zero_()
-            self.positions[T:size].zero_()
-            if self.routed_ones is not None:
-                self.routed_ones[T * self.top_k:size * self.top_k].zero_()
+        self._rows(positions, size, batch, mixed=key[0] != "decode")
         if key not in self.graphs:
             capture = self._capture_pieces if key[0] == "pieces" else self._capture
             self.graphs[key] = capture(size, batch) if self.capture else None
@@ -145,15 +148,70 @@ class StepGraphs:
         else:
             graph, hidden = self.graphs[key]
             graph.replay()
+        self._count_all_rows(T, size)
+        return hidden
+
+    def run_layers(self, hidden: torch.Tensor, residual: torch.Tensor | None, positions: list[int],
+                   batch: AttentionBatch, first: int, last: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Layers [first, last) of a layered step's prompt chunks (`LLMEngine._run_layers`) as a graph over the rows'
+        residual stream (`hidden`, `residual`; None before the first layer): the two after them, views of the static
+        buffers that the next group's graph reads. None where no graph takes the group (more rows than `max_tokens`,
+        other layers, a windowed format): the caller runs it eagerly."""
+        T = len(positions)
+        if (first, last) not in self.layer_groups or T > self.max_tokens:
+            return None
+        size = next(s for s in self.token_sizes if s >= T)
+        key = ("layers", first, size)
+        pad = (size - T, self.cache.scratch_block, self.cache.scratch_slot)
+        batch.decode_meta = self.cache.build_decode_meta(batch, self.meta, pad, self.cache.num_tiles(size, self.max_batch))
+        self._rows(positions, size, batch, mixed=True)
+        for buf, x in ((self.layer_hidden, hidden), (self.layer_residual, residual)):
+            if x is None:  # before the first layer: a residual of zeros adds nothing (Block: h + 0 = h)
+                buf[:T].zero_()
+            elif x.data_ptr() != buf.data_ptr():
+                buf[:T].copy_(x)
+            if size > T:
+                buf[T:size].zero_()
+        if key not in self.graphs:
+            self.graphs[key] = self._capture_layers(size, first, last, batch) if self.capture else None
+        if self.graphs[key] is None:
+            self._layers_forward(size, first, last, batch, store=True)
+        else:
+            self.graphs[key].replay()
+        self._count_all_rows(T, size)
+        return self.layer_hidden[:T], self.layer_residual[:T]
+
+    def _rows(self, positions: list[int], size: int, batch: AttentionBatch, mixed: bool):
+        """The step's positions and, in a step with prompt rows, which of its `size` rows are its own; the padding
+        rows at position 0 count no routed token (they route to no expert of their own: MoE.forward)."""
+        T = len(positions)
+        self.positions[:T].copy_(torch.tensor(positions), non_blocking=True)
+        if mixed:
+            self.valid[:T].fill_(True)
+            self.valid[T:size].fill_(False)
+            batch.valid_rows = self.valid[:size]
+        if size > T:
+            self.positions[T:size].zero_()
+            if self.routed_ones is not None:
+                self.routed_ones[T * self.top_k:size * self.top_k].zero_()
+
+    def _count_all_rows(self, T: int, size: int):
         if size > T and self.routed_ones is not None:
             self.routed_ones[T * self.top_k:size * self.top_k].fill_(1)
-        return hidden
+
+    def _layers_forward(self, size: int, first: int, last: int, batch: AttentionBatch, store: bool):
+        h, r = self.model.forward_layers(self.layer_hidden[:size], self.layer_residual[:size], self.positions[:size],
+                                         self.cache, batch, first, last)
+        if store:
+            self.layer_hidden[:size].copy_(h)
+            self.layer_residual[:size].copy_(r)
 
     def capture_all(self) -> float:
         """Capture every size now, as vLLM does at start-up, so that no request waits for a capture (the server
         does this; offline use captures on first use). Throwaway sequences drive the captures and are freed:
         B sequences of one token for decode sizes, prompts of T tokens in all for mixed sizes (one sequence, or
-        for windowed formats sequences of a block each); piecewise sizes need none. Returns the seconds taken."""
+        for windowed formats sequences of a block each), and for each layer group one such prompt through its layers;
+        piecewise sizes need none. Returns the seconds taken."""
         start = time.perf_counter()
         cache = self.cache
         if self.compression is not None:
@@ -170,16 +228,24 @@ class StepGraphs:
         drives = [cache.new_prompt_chunks(T) for T in reversed(self.token_sizes)
                   if cache.allocator.num_free > -(-T // cache.block_size)
                   and len(cache.new_prompt_chunks(T)) <= largest] + drives
-        for query_lens in drives:
+
+        def drive(query_lens: list[int], run):  # throwaway sequences of these lengths through `run`
             seqs = [SeqKV() for _ in query_lens]
             try:
                 for seq, n in zip(seqs, query_lens):
                     cache.allocate(seq, n)
-                T = sum(query_lens)
-                self.run([0] * T, [p for n in query_lens for p in range(n)], AttentionBatch(seqs, query_lens))
+                run([p for n in query_lens for p in range(n)], AttentionBatch(seqs, query_lens))
             finally:
                 for seq in seqs:
                     cache.free(seq)
+
+        for query_lens in drives:
+            drive(query_lens, lambda positions, batch: self.run([0] * len(positions), positions, batch))
+        for T in reversed(self.token_sizes) if self.layer_groups else []:  # a prompt of T tokens, a group at a time
+            if cache.allocator.num_free > -(-T // cache.block_size):
+                for first, last in self.layer_groups:
+                    drive([T], lambda positions, batch: self.run_layers(
+                        self.layer_hidden[:T], self.layer_residual[:T], positions, batch, first, last))
         if self.capture:
             torch.cuda.synchronize(cache.device)
         return time.perf_counter() - start
@@ -202,8 +268,8 @@ class StepGraphs:
         q, k, k_rot, v = (x[:T] for x in self.attn_in)
         self.attn_out[:T].copy_(self.cache.attend(layer, q, k, k_rot, v, batch))
 
-    def _warm_up(self, size: int, kv_cache, batch: AttentionBatch) -> torch.cuda.Stream:
-        """The forward of `size` rows once, eagerly, on a side stream, as PyTorch's recipe asks before a capture
+    def _warm_up(self, size: int, forward) -> torch.cuda.Stream:
+        """`forward()` of `size` rows once, eagerly, on a side stream, as PyTorch's recipe asks before a capture
         (Triton compiles its kernels there); it counts no routed token (the replays do). Returns the stream."""
         ones = None if self.routed_ones is None else self.routed_ones[:size * self.top_k]
         counted = None if ones is None else ones.clone()
@@ -212,7 +278,7 @@ class StepGraphs:
         with torch.cuda.stream(side):
             if ones is not None:
                 ones.zero_()
-            self.model(self.tokens[:size], self.positions[:size], kv_cache, batch)
+            forward()
             if ones is not None:
                 ones.copy_(counted)
         torch.cuda.current_stream().wait_stream(side)
@@ -223,7 +289,8 @@ class StepGraphs:
         side stream. Neither the warm-up nor the capture attends (the attention's output buffer is read as it is)
         or writes the cache."""
         with torch.cuda.device(self.cache.device):
-            side = self._warm_up(size, _AttentionBreaks(self, 0, batch), batch)
+            side = self._warm_up(size, lambda: self.model(self.tokens[:size], self.positions[:size],
+                                                          _AttentionBreaks(self, 0, batch), batch))
             with torch.cuda.stream(side):
                 breaks = _AttentionBreaks(self, 0, batch, capture=True)
                 hidden = self.model(self.tokens[:size], self.positions[:size], breaks, batch)
@@ -235,12 +302,23 @@ class StepGraphs:
         """Capture the forward of `size` rows, after the warm-up: that run writes this step's keys and values,
         and the replay that follows writes the same ones again."""
         with torch.cuda.device(self.cache.device):
-            self._warm_up(size, self.cache, batch)
+            self._warm_up(size, lambda: self.model(self.tokens[:size], self.positions[:size], self.cache, batch))
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
                 hidden = self.model(self.tokens[:size], self.positions[:size], self.cache, batch)
         self.pool = graph.pool()
         return graph, hidden
+
+    def _capture_layers(self, size: int, first: int, last: int, batch: AttentionBatch) -> torch.cuda.CUDAGraph:
+        """Capture layers [first, last) of `size` rows from the static residual stream back into it, after the
+        warm-up (which writes the step's keys and values of those layers, as the replay that follows does again)."""
+        with torch.cuda.device(self.cache.device):
+            self._warm_up(size, lambda: self._layers_forward(size, first, last, batch, store=False))
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self._layers_forward(size, first, last, batch, store=True)
+        self.pool = graph.pool()
+        return graph
 
 
 class _AttentionBreaks:

@@ -264,7 +264,7 @@ class LLMEngine:
         self.graphs = None  # graphs hold the old cache's tensors: captured anew for this one
         if not a.enforce_eager and StepGraphs.supported(self.model, self.cache):
             self.graphs = StepGraphs(self.model, self.cache, max_num_seqs, self.max_model_len, graph_tokens,
-                                     piecewise=a.piecewise_graphs)
+                                     piecewise=a.piecewise_graphs, layer_groups=self.layer_groups())
 
     # ---- requests -----------------------------------------------------------------------
     def tokenize(self, prompt) -> list[int]:
@@ -394,6 +394,8 @@ class LLMEngine:
             budget = min(budget, step_budget)
             if layering:
                 layered_budget = min(layered_budget, max(1, step_budget) * self.args.layered_prefill)
+        if layering and self.graphs is not None and self.graphs.layer_groups:  # chunks whose layers a graph holds
+            layered_budget = min(layered_budget, self.graphs.max_tokens)
         self.waiting = self._order(self.waiting)
         candidates = [s for s in self.running if s.num_pending > 1] + self.waiting
         if self.step_cost is not None:  # shortest prompt first: a chat's few tokens never queue behind a document
@@ -518,19 +520,28 @@ class LLMEngine:
         ready = [(seq, i) for (seq, _), i in zip(chunks, last) if seq.num_pending == 0]
         return [seq for seq, _ in ready], [i for _, i in ready]
 
+    def layer_groups(self) -> list[tuple[int, int]]:
+        """The (first, last) layers of each step of layered prefill beside decodes (`EngineArgs.layered_prefill`)."""
+        L, G = self.cfg.num_layers, self.args.layered_prefill
+        return [(first, min(L, first + -(-L // G))) for first in range(0, L, -(-L // G))] if G > 1 else []
+
     def _run_layers(self, decodes: bool) -> list[RequestOutput]:
         """The layered chunks' next group of layers (all that are left in a step without decodes); after the last,
         the sequences' caches take the chunks and those at their prompt's end sample their first token."""
         layered, L, device = self.layered, self.cfg.num_layers, self.args.device
         first = layered.next_layer
         tokens, positions, ends = self._rows(layered.chunks)
-        positions = torch.tensor(positions, device=device)
         if first == 0:
             layered.hidden = self.model.embed_tokens(torch.tensor(tokens, device=device))
-        last = min(L, first + -(-L // self.args.layered_prefill)) if decodes else L
+        last = next(last for f, last in self.layer_groups() if f == first) if decodes else L
         batch = AttentionBatch([seq.kv for seq, _ in layered.chunks], [n for _, n in layered.chunks])
-        layered.hidden, layered.residual = self.model.forward_layers(layered.hidden, layered.residual, positions,
-                                                                     self.cache, batch, first, last)
+        out = None  # beside decodes, the group as a graph where one holds it
+        if decodes and self.graphs is not None:
+            out = self.graphs.run_layers(layered.hidden, layered.residual, positions, batch, first, last)
+        if out is None:
+            out = self.model.forward_layers(layered.hidden, layered.residual, torch.tensor(positions, device=device),
+                                            self.cache, batch, first, last)
+        layered.hidden, layered.residual = out
         self.layered_plan, layered.next_layer = (list(layered.chunks), first, last), last
         if last < L:
             return []
