@@ -91,10 +91,10 @@ class StepGraphs:
         # step was bound by its launches: 7.4 ms for 6 layers of 96 rows beside a 9.7 ms decode graph (H100, Qwen3-
         # 30B-A3B, journal 2026-12-07 32a). Their residual stream goes from graph to graph in static buffers
         self.layer_groups = list(layer_groups) if self.max_tokens and not cache.windowed else []
+        self.layer_buffers: dict[tuple, torch.Tensor] = {}  # by trailing shape: [H], or a MoE's pairs [top_k, H]
         if self.layer_groups:
-            H, dtype = model.cfg.hidden_size, model.embed_tokens.weight.dtype
-            self.layer_hidden = torch.zeros(self.max_tokens, H, dtype=dtype, device=device)
-            self.layer_residual = torch.zeros_like(self.layer_hidden)
+            self.layer_residual = torch.zeros(self.max_tokens, model.cfg.hidden_size, device=device,
+                                              dtype=model.embed_tokens.weight.dtype)
         if self.piecewise:  # a layer's attention inputs and output between graph pieces
             cfg, dtype = model.cfg, model.embed_tokens.weight.dtype
             self.attn_in = [torch.zeros(self.max_tokens, h, cfg.head_dim, dtype=dtype, device=device)
@@ -165,7 +165,8 @@ class StepGraphs:
         pad = (size - T, self.cache.scratch_block, self.cache.scratch_slot)
         batch.decode_meta = self.cache.build_decode_meta(batch, self.meta, pad, self.cache.num_tiles(size, self.max_batch))
         self._rows(positions, size, batch, mixed=True)
-        for buf, x in ((self.layer_hidden, hidden), (self.layer_residual, residual)):
+        inputs = self._layer_buffer(tuple(hidden.shape[1:]))  # (the embedding's rows, or the last group's output)
+        for buf, x in ((inputs, hidden), (self.layer_residual, residual)):
             if x is None:  # before the first layer: a residual of zeros adds nothing (Block: h + 0 = h)
                 buf[:T].zero_()
             elif x.data_ptr() != buf.data_ptr():
@@ -173,13 +174,15 @@ class StepGraphs:
             if size > T:
                 buf[T:size].zero_()
         if key not in self.graphs:
-            self.graphs[key] = self._capture_layers(size, first, last, batch) if self.capture else None
+            self.graphs[key] = self._capture_layers(size, first, last, batch, inputs) if self.capture else None
         if self.graphs[key] is None:
-            self._layers_forward(size, first, last, batch, store=True)
+            out = self._store_layers(size, *self._layers_forward(size, first, last, batch, inputs))
         else:
-            self.graphs[key].replay()
+            graph, captured_inputs, out = self.graphs[key]
+            assert captured_inputs is inputs, "a layer group's graph reads the buffer of the shape it was captured with"
+            graph.replay()
         self._count_all_rows(T, size)
-        return self.layer_hidden[:T], self.layer_residual[:T]
+        return out[:T], self.layer_residual[:T]
 
     def _rows(self, positions: list[int], size: int, batch: AttentionBatch, mixed: bool):
         """The step's positions and, in a step with prompt rows, which of its `size` rows are its own; the padding
@@ -199,12 +202,23 @@ class StepGraphs:
         if size > T and self.routed_ones is not None:
             self.routed_ones[T * self.top_k:size * self.top_k].fill_(1)
 
-    def _layers_forward(self, size: int, first: int, last: int, batch: AttentionBatch, store: bool):
-        h, r = self.model.forward_layers(self.layer_hidden[:size], self.layer_residual[:size], self.positions[:size],
-                                         self.cache, batch, first, last)
-        if store:
-            self.layer_hidden[:size].copy_(h)
-            self.layer_residual[:size].copy_(r)
+    def _layer_buffer(self, tail: tuple) -> torch.Tensor:
+        """The static buffer of layered rows of this trailing shape (hidden states, or a MoE's unreduced pairs)."""
+        if tail not in self.layer_buffers:
+            self.layer_buffers[tail] = torch.zeros(self.max_tokens, *tail, device=self.cache.device,
+                                                   dtype=self.model.embed_tokens.weight.dtype)
+        return self.layer_buffers[tail]
+
+    def _layers_forward(self, size: int, first: int, last: int, batch: AttentionBatch, inputs: torch.Tensor):
+        return self.model.forward_layers(inputs[:size], self.layer_residual[:size], self.positions[:size], self.cache,
+                                         batch, first, last)
+
+    def _store_layers(self, size: int, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """A group's output rows into the static buffers (the output's own: the next group reads it)."""
+        out = self._layer_buffer(tuple(hidden.shape[1:]))
+        out[:size].copy_(hidden)
+        self.layer_residual[:size].copy_(residual)
+        return out
 
     def capture_all(self) -> float:
         """Capture every size now, as vLLM does at start-up, so that no request waits for a capture (the server
@@ -241,11 +255,15 @@ class StepGraphs:
 
         for query_lens in drives:
             drive(query_lens, lambda positions, batch: self.run([0] * len(positions), positions, batch))
-        for T in reversed(self.token_sizes) if self.layer_groups else []:  # a prompt of T tokens, a group at a time
+        def through_the_groups(positions: list[int], batch: AttentionBatch):  # each group takes the last one's output
+            hidden, residual = torch.zeros(len(positions), self.model.cfg.hidden_size, device=cache.device,
+                                           dtype=self.model.embed_tokens.weight.dtype), None
+            for first, last in self.layer_groups:
+                hidden, residual = self.run_layers(hidden, residual, positions, batch, first, last)
+
+        for T in reversed(self.token_sizes) if self.layer_groups else []:  # a prompt of T tokens through the layers
             if cache.allocator.num_free > -(-T // cache.block_size):
-                for first, last in self.layer_groups:
-                    drive([T], lambda positions, batch: self.run_layers(
-                        self.layer_hidden[:T], self.layer_residual[:T], positions, batch, first, last))
+                drive([T], through_the_groups)
         if self.capture:
             torch.cuda.synchronize(cache.device)
         return time.perf_counter() - start
@@ -309,16 +327,20 @@ class StepGraphs:
         self.pool = graph.pool()
         return graph, hidden
 
-    def _capture_layers(self, size: int, first: int, last: int, batch: AttentionBatch) -> torch.cuda.CUDAGraph:
-        """Capture layers [first, last) of `size` rows from the static residual stream back into it, after the
-        warm-up (which writes the step's keys and values of those layers, as the replay that follows does again)."""
+    def _capture_layers(self, size: int, first: int, last: int, batch: AttentionBatch,
+                        inputs: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+        """Capture layers [first, last) of `size` rows from the static buffers back into them, after the warm-up
+        (which writes the step's keys and values of those layers, as the replay that follows does again, and shows
+        the output's shape). Returns the graph, the buffer it reads and the one it leaves the output in."""
+        shape = []
         with torch.cuda.device(self.cache.device):
-            self._warm_up(size, lambda: self._layers_forward(size, first, last, batch, store=False))
+            self._warm_up(size, lambda: shape.append(self._layers_forward(size, first, last, batch, inputs)[0].shape))
+            out = self._layer_buffer(tuple(shape[0][1:]))  # (allocated outside the graph's pool)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                self._layers_forward(size, first, last, batch, store=True)
+                self._store_layers(size, *self._layers_forward(size, first, last, batch, inputs))
         self.pool = graph.pool()
-        return graph
+        return graph, inputs, out
 
 
 class _AttentionBreaks:
