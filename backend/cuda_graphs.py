@@ -54,24 +54,38 @@ TOKEN_SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048)  # graph sizes of steps wi
 GRAPH_MAX_HISTORY_READS = 1_500_000
 
 
+def ladder(most: int) -> list[int]:
+    """Graph sizes up to `most` rows: TOKEN_SIZES below it, then `most` (none for 0)."""
+    return [s for s in TOKEN_SIZES if s < most] + [most] if most else []
+
+
 class StepGraphs:
     def __init__(self, model: Transformer, cache: PagedKVCache, max_batch: int, max_len: int, max_tokens: int = 0,
-                 capture: bool = True, piecewise: bool = False, layer_groups: list[tuple[int, int]] = ()):
+                 capture: bool = True, piecewise: bool = False, layer_groups: list[tuple[int, int]] = (),
+                 layer_tokens: int = 0):
         """`max_tokens`: the most tokens of a step with prompt chunks that replays a graph (0, or a cache whose
         rows cannot attend so, `PagedKVCache.mixed_rows_supported`: decode steps only). `capture=False` runs the
         same static buffers eagerly (a CPU test of everything but the capture). `piecewise`: windowed formats'
         steps whose attention runs eagerly (chunks across blocks, long histories) as graph pieces (the module's
         docstring). `layer_groups`: the (first, last) layers a layered prefill step runs beside decodes
-        (`EngineArgs.layered_prefill`), as graphs of up to `max_tokens` rows (page-addressed formats)."""
+        (`EngineArgs.layered_prefill`), as graphs of up to `layer_tokens` rows (default `max_tokens`; page-addressed
+        formats)."""
         self.model, self.cache, self.max_batch, self.capture = model, cache, max_batch, capture
         self.max_tokens = max(max_tokens, max_batch) if max_tokens and cache.mixed_rows_supported() else 0
-        self.token_sizes = [s for s in TOKEN_SIZES if s < self.max_tokens] + [self.max_tokens] if self.max_tokens else []
-        rows = max(max_batch, self.max_tokens)
+        self.token_sizes = ladder(self.max_tokens)
+        # layered prefill: a group of layers of the prompt chunks a step, beside the decodes' graph. Eager, such a
+        # step was bound by its launches: 7.4 ms for 6 layers of 96 rows beside a 9.7 ms decode graph (H100, Qwen3-
+        # 30B-A3B, journal 2026-12-07 32a). Their residual stream goes from graph to graph in static buffers
+        self.layer_groups = list(layer_groups) if self.max_tokens and not cache.windowed else []
+        self.layer_tokens = max(layer_tokens or self.max_tokens, self.max_tokens) if self.layer_groups else 0
+        self.layer_sizes = ladder(self.layer_tokens)
+        rows = max(max_batch, self.max_tokens, self.layer_tokens)
         device = cache.device
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
         self.positions = torch.zeros(rows, dtype=torch.long, device=device)
         self.valid = torch.zeros(rows, dtype=torch.bool, device=device)  # mixed steps: the step's rows, not padding
-        self.meta = cache.decode_buffers(rows, max_len, cache.num_tiles(self.max_tokens, max_batch) if self.max_tokens else 0)
+        most = max(self.max_tokens, self.layer_tokens)
+        self.meta = cache.decode_buffers(rows, max_len, cache.num_tiles(most, max_batch) if most else 0)
         # routed-token counters add one per (token, expert) pair: zeros for a graph's padding rows
         self.routed_ones = next((m.routed_ones for m in model.modules()
                                  if isinstance(m, MoE) and m.routed_ones is not None), None)
@@ -87,13 +101,9 @@ class StepGraphs:
         self.compression = CompressGraphs(cache, capture) if kernel else None
         if self.compression is not None:
             cache.compress_blocks = self.compression
-        # layered prefill: a group of layers of the prompt chunks a step, beside the decodes' graph. Eager, such a
-        # step was bound by its launches: 7.4 ms for 6 layers of 96 rows beside a 9.7 ms decode graph (H100, Qwen3-
-        # 30B-A3B, journal 2026-12-07 32a). Their residual stream goes from graph to graph in static buffers
-        self.layer_groups = list(layer_groups) if self.max_tokens and not cache.windowed else []
         self.layer_buffers: dict[tuple, torch.Tensor] = {}  # by trailing shape: [H], or a MoE's pairs [top_k, H]
         if self.layer_groups:
-            self.layer_residual = torch.zeros(self.max_tokens, model.cfg.hidden_size, device=device,
+            self.layer_residual = torch.zeros(self.layer_tokens, model.cfg.hidden_size, device=device,
                                               dtype=model.embed_tokens.weight.dtype)
         if self.piecewise:  # a layer's attention inputs and output between graph pieces
             cfg, dtype = model.cfg, model.embed_tokens.weight.dtype
@@ -155,12 +165,12 @@ class StepGraphs:
                    batch: AttentionBatch, first: int, last: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Layers [first, last) of a layered step's prompt chunks (`LLMEngine._run_layers`) as a graph over the rows'
         residual stream (`hidden`, `residual`; None before the first layer): the two after them, views of the static
-        buffers that the next group's graph reads. None where no graph takes the group (more rows than `max_tokens`,
+        buffers that the next group's graph reads. None where no graph takes the group (more rows than `layer_tokens`,
         other layers, a windowed format): the caller runs it eagerly."""
         T = len(positions)
-        if (first, last) not in self.layer_groups or T > self.max_tokens:
+        if (first, last) not in self.layer_groups or T > self.layer_tokens:
             return None
-        size = next(s for s in self.token_sizes if s >= T)
+        size = next(s for s in self.layer_sizes if s >= T)
         key = ("layers", first, size)
         pad = (size - T, self.cache.scratch_block, self.cache.scratch_slot)
         batch.decode_meta = self.cache.build_decode_meta(batch, self.meta, pad, self.cache.num_tiles(size, self.max_batch))
@@ -205,7 +215,7 @@ class StepGraphs:
     def _layer_buffer(self, tail: tuple) -> torch.Tensor:
         """The static buffer of layered rows of this trailing shape (hidden states, or a MoE's unreduced pairs)."""
         if tail not in self.layer_buffers:
-            self.layer_buffers[tail] = torch.zeros(self.max_tokens, *tail, device=self.cache.device,
+            self.layer_buffers[tail] = torch.zeros(self.layer_tokens, *tail, device=self.cache.device,
                                                    dtype=self.model.embed_tokens.weight.dtype)
         return self.layer_buffers[tail]
 
@@ -261,7 +271,7 @@ class StepGraphs:
             for first, last in self.layer_groups:
                 hidden, residual = self.run_layers(hidden, residual, positions, batch, first, last)
 
-        for T in reversed(self.token_sizes) if self.layer_groups else []:  # a prompt of T tokens through the layers
+        for T in reversed(self.layer_sizes):  # a prompt of T tokens through the layers
             if cache.allocator.num_free > -(-T // cache.block_size):
                 drive([T], through_the_groups)
         if self.capture:

@@ -264,7 +264,8 @@ class LLMEngine:
         self.graphs = None  # graphs hold the old cache's tensors: captured anew for this one
         if not a.enforce_eager and StepGraphs.supported(self.model, self.cache):
             self.graphs = StepGraphs(self.model, self.cache, max_num_seqs, self.max_model_len, graph_tokens,
-                                     piecewise=a.piecewise_graphs, layer_groups=self.layer_groups())
+                                     piecewise=a.piecewise_graphs, layer_groups=self.layer_groups(),
+                                     layer_tokens=a.max_num_batched_tokens)
 
     # ---- requests -----------------------------------------------------------------------
     def tokenize(self, prompt) -> list[int]:
@@ -394,8 +395,6 @@ class LLMEngine:
             budget = min(budget, step_budget)
             if layering:
                 layered_budget = min(layered_budget, max(1, step_budget) * self.args.layered_prefill)
-        if layering and self.graphs is not None and self.graphs.layer_groups:  # chunks whose layers a graph holds
-            layered_budget = min(layered_budget, self.graphs.max_tokens)
         self.waiting = self._order(self.waiting)
         candidates = [s for s in self.running if s.num_pending > 1] + self.waiting
         if self.step_cost is not None:  # shortest prompt first: a chat's few tokens never queue behind a document

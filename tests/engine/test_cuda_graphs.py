@@ -170,7 +170,7 @@ def test_layered_steps_give_the_eager_tokens(tmp_path, monkeypatch, kernels):
     counts are the eager engine's."""
     monkeypatch.setattr(model_module, "KERNELS_ON_CPU", kernels and DEVICE == "cpu")
     engine = engine_for(tmp_path, dict(QWEN3_MOE, num_hidden_layers=4), "fp16", layered_prefill=2,
-                        max_num_batched_tokens=32)  # (chunks as a graph of 32 rows cuts them)
+                        max_num_batched_tokens=32)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (5, 9, 41)]
 
@@ -189,11 +189,11 @@ def test_layered_steps_give_the_eager_tokens(tmp_path, monkeypatch, kernels):
     engine.reset_routing_counts()
     expected, eager_plans = generate()
     eager_counts = engine.routing_counts()
-    engine.graphs = StepGraphs(engine.model, engine.cache, 2, engine.max_model_len, max_tokens=32,
-                               capture=DEVICE == "cuda", layer_groups=engine.layer_groups())
-    engine.graphs.capture_all()
-    layers = [k for k in engine.graphs.graphs if k[0] == "layers"]
-    assert sorted(layers) == [("layers", first, size) for first in (0, 2) for size in (16, 32)]
+    engine.graphs = StepGraphs(engine.model, engine.cache, 2, engine.max_model_len, max_tokens=16,
+                               capture=DEVICE == "cuda", layer_groups=engine.layer_groups(), layer_tokens=32)
+    engine.graphs.capture_all()  # (layered rows up to a step's budget, mixed steps' up to 16)
+    assert sorted(k for k in engine.graphs.graphs if k[0] != "decode") == [
+        ("layers", first, size) for first in (0, 2) for size in (16, 32)] + [("mixed", 16)]
     taken, run_layers = [], engine.graphs.run_layers
     engine.graphs.run_layers = lambda *args: taken.append(args[-2:]) or run_layers(*args)
     engine.reset_routing_counts()
