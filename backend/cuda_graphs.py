@@ -4,7 +4,7 @@ A graph holds the whole forward (embedding, every layer, the attention kernels, 
 the final norm) over static input buffers; a replay copies the step's tokens, positions and block tables
 into those buffers and launches the graph once.
 
-Three kinds of step replay graphs:
+Kinds of step replay graphs:
 - decode steps, one graph per batch size (every size up to `max_batch`);
 - steps that carry prompt chunks beside decodes, up to `max_tokens` tokens, one graph per size bucket
   (`token_sizes`): the step's rows are padded to the bucket with rows that write and read the cache's
@@ -23,6 +23,9 @@ Three kinds of step replay graphs:
   replayed in turn with each layer's attention run eagerly between them (`PagedKVCache.attend`: the closed
   history rebuilt, flash attention, the decodes beside through the decode kernel), through static buffers of
   its inputs and output. The attention launches a few kernels a layer; the rest of the step, hundreds.
+- with `layer_groups` (EngineArgs.layered_prefill, page-addressed formats), a layered step's group of layers of the
+  prompt chunks beside the decodes' graph: a graph per (group, size bucket up to a step's token budget), from and
+  into static buffers of the chunks' residual stream (`run_layers`).
 Graphs are captured the first time a size runs; `capture_all` captures every size up front (the server
 does, at start-up).
 
@@ -173,7 +176,8 @@ class StepGraphs:
         size = next(s for s in self.layer_sizes if s >= T)
         key = ("layers", first, size)
         pad = (size - T, self.cache.scratch_block, self.cache.scratch_slot)
-        batch.decode_meta = self.cache.build_decode_meta(batch, self.meta, pad, self.cache.num_tiles(size, self.max_batch))
+        num_tiles = self.cache.num_tiles(size, self.max_batch)
+        batch.decode_meta = self.cache.build_decode_meta(batch, self.meta, pad, num_tiles)
         self._rows(positions, size, batch, mixed=True)
         inputs = self._layer_buffer(tuple(hidden.shape[1:]))  # (the embedding's rows, or the last group's output)
         for buf, x in ((inputs, hidden), (self.layer_residual, residual)):
@@ -265,6 +269,7 @@ class StepGraphs:
 
         for query_lens in drives:
             drive(query_lens, lambda positions, batch: self.run([0] * len(positions), positions, batch))
+
         def through_the_groups(positions: list[int], batch: AttentionBatch):  # each group takes the last one's output
             hidden, residual = torch.zeros(len(positions), self.model.cfg.hidden_size, device=cache.device,
                                            dtype=self.model.embed_tokens.weight.dtype), None
