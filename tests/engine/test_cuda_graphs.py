@@ -169,7 +169,8 @@ def test_layered_steps_give_the_eager_tokens(tmp_path, monkeypatch, kernels):
     states, or on the kernel path a MoE's unreduced pairs), and the tokens, the steps' plans and the tokens routed
     a layer are the eager engine's."""
     monkeypatch.setattr(model_module, "KERNELS_ON_CPU", kernels and DEVICE == "cpu")
-    engine = engine_for(tmp_path, dict(QWEN3_MOE, num_hidden_layers=4), "fp16", layered_prefill=2,
+    # (16 experts: layering beside up to 5 decodes, `layering_max_decodes`)
+    engine = engine_for(tmp_path, dict(QWEN3_MOE, num_hidden_layers=4, num_experts=16), "fp16", layered_prefill=2,
                         max_num_batched_tokens=32)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (5, 7, 9, 41)]

@@ -115,6 +115,23 @@ def test_layered_chunks_of_several_prompts_one_cancelled_midway(tmp_path):
     assert outputs[1]["second"] == outputs[0]["second"] and outputs[1]["chat"] == outputs[0]["chat"]
 
 
+def test_layering_only_beside_decodes_that_read_under_half_the_experts(tmp_path):
+    """With 2 of 8 experts a token, a decode step of 3 tokens reads over half the experts (1 - (6/8)^3 = 58%) that a
+    prompt's step reads: beside 3 decodes a prompt's chunk goes whole into the step, beside 2 through the layers."""
+    g = torch.Generator().manual_seed(0)
+    chats, prompt = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (12, 14, 16)], list(range(40))
+    for decoding, layered in ((3, False), (2, True)):
+        engine = moe_engine(tmp_path, layered_prefill=3)
+        assert engine.layering_max_decodes == 2
+        for i in range(decoding):
+            engine.add_request(None, greedy(8), request_id=f"chat{i}", prompt_ids=chats[i])
+        engine.step()  # the chats' prompts, then they decode
+        engine.add_request(None, greedy(2), request_id="doc", prompt_ids=prompt)
+        engine.step()
+        whole = [n for s, n in engine.plan if s.request_id == "doc"]
+        assert (engine.layered_plan is not None, whole) == ((True, []) if layered else (False, [40]))
+
+
 def test_layered_chunks_start_after_a_cached_prefix(tmp_path):
     """With prefix caching, a follow-up whose first blocks an earlier request filled goes through the layers from
     where its cached blocks end: the same tokens and the same cache hits as without layering."""
