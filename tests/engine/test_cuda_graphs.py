@@ -193,6 +193,39 @@ def test_layered_steps_give_the_eager_tokens(tmp_path, monkeypatch, kernels):
     assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
 
 
+def test_layered_graphs_go_on_after_a_cancel(tmp_path):
+    """Two prompts layered together, one cancelled after the first group of layers: the other's rows go on through
+    the next group's graph alone (20 of the 32 rows), with the eager engine's tokens; every block comes back."""
+    engine = engine_for(tmp_path, dict(QWEN3_MOE, num_hidden_layers=4, num_experts=16), "fp16", layered_prefill=2,
+                        max_num_batched_tokens=64)
+    g = torch.Generator().manual_seed(3)
+    chat, first, second = (torch.randint(0, 512, (n,), generator=g).tolist() for n in (20, 12, 20))
+
+    def run():
+        params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+        engine.add_request(None, params, request_id="chat", prompt_ids=chat)
+        out = {}
+        for step in range(12):
+            if step == 2:
+                engine.add_request(None, params, request_id="first", prompt_ids=first)
+                engine.add_request(None, params, request_id="second", prompt_ids=second)
+            if step == 3:
+                engine.abort("first")
+            out.update((o.request_id, o.token_ids) for o in engine.step())
+        assert not engine.has_unfinished()
+        assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
+        return out
+
+    expected = run()
+    engine.graphs = StepGraphs(engine.model, engine.cache, 2, engine.max_model_len, max_tokens=16,
+                               capture=DEVICE == "cuda", layer_groups=engine.layer_groups(), layer_tokens=64)
+    engine.graphs.capture_all()
+    taken, run_layers = [], engine.graphs.run_layers
+    engine.graphs.run_layers = lambda *args: taken.append((args[-2], len(args[2]))) or run_layers(*args)
+    assert run() == expected
+    assert taken == [(0, 32), (2, 20)]
+
+
 def generate_with_arrivals(engine, prompts, max_tokens: int, arrivals) -> tuple[list, list]:
     """Greedy answers to `prompts`: the first two start together, one more arrives at each step of `arrivals` while
     they decode. Returns the answers and each step's plan, sorted (tokens cached before the step, tokens it takes)."""
