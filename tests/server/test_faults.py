@@ -295,7 +295,8 @@ def test_overload_is_refused_at_once_and_admitted_requests_keep_their_pace(small
     alone = complete(PROMPT, url=server.grpc_url, model=model, max_tokens=24, **GREEDY)
     admitted = Streams()
     for i in range(4):
-        admitted.start(f"a{i}", server, "grpc" if i % 2 == 0 else "http", max_tokens=64, **GREEDY)
+        # (long enough that the running pair still streams through the flood, on a fast machine too)
+        admitted.start(f"a{i}", server, "grpc" if i % 2 == 0 else "http", max_tokens=160, **GREEDY)
     assert wait_for(lambda: sum(len(c) >= 3 for c in admitted.chunks.values()) == 2, timeout=60, interval=0.05)
     assert wait_for(lambda: metric(scrape(server), "alrkvd:num_requests_waiting", model) == 2, timeout=10)
     # the OpenAI front says so in its own terms: 503 in OpenAI's error shape
