@@ -213,6 +213,7 @@ class StepGraphs:
                 self.routed_ones[T * self.top_k:size * self.top_k].zero_()
 
     def _count_all_rows(self, T: int, size: int):
+        """After a padded step: every row counts its routed tokens again (`_rows` zeroed the padding's)."""
         if size > T and self.routed_ones is not None:
             self.routed_ones[T * self.top_k:size * self.top_k].fill_(1)
 

@@ -162,6 +162,25 @@ def test_mixed_steps_give_the_eager_tokens(tmp_path, shape):
     assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
 
 
+def layered_engine(tmp_path, max_num_batched_tokens: int) -> LLMEngine:
+    """An eager engine over a 4-layer dummy MoE with layered prefill in groups of 2 (16 experts, 2 a token: layering
+    beside up to 5 decodes, `layering_max_decodes`)."""
+    return engine_for(tmp_path, dict(QWEN3_MOE, num_hidden_layers=4, num_experts=16), "fp16", layered_prefill=2,
+                      max_num_batched_tokens=max_num_batched_tokens)
+
+
+def graph_layered_steps(engine: LLMEngine) -> list[tuple[int, int]]:
+    """Give `engine` graphs (decodes of up to 2, mixed steps of up to 16 rows, layer groups up to its step budget),
+    captured now. Returns the list that takes each layered step's (first layer, rows) from then on."""
+    engine.graphs = StepGraphs(engine.model, engine.cache, 2, engine.max_model_len, max_tokens=16,
+                               capture=DEVICE == "cuda", layer_groups=engine.layer_groups(),
+                               layer_tokens=engine.args.max_num_batched_tokens)
+    engine.graphs.capture_all()
+    taken, run_layers = [], engine.graphs.run_layers
+    engine.graphs.run_layers = lambda *args: taken.append((args[-2], len(args[2]))) or run_layers(*args)
+    return taken
+
+
 @pytest.mark.parametrize("kernels", [False, True] if DEVICE == "cpu" else [True], ids=["reference", "kernels"])
 def test_layered_steps_give_the_eager_tokens(tmp_path, monkeypatch, kernels):
     """Layered prefill (4 layers in groups of 2) beside decodes: each step's group of layers replays a graph of its
@@ -169,21 +188,15 @@ def test_layered_steps_give_the_eager_tokens(tmp_path, monkeypatch, kernels):
     states, or on the kernel path a MoE's unreduced pairs), and the tokens, the steps' plans and the tokens routed
     a layer are the eager engine's."""
     monkeypatch.setattr(model_module, "KERNELS_ON_CPU", kernels and DEVICE == "cpu")
-    # (16 experts: layering beside up to 5 decodes, `layering_max_decodes`)
-    engine = engine_for(tmp_path, dict(QWEN3_MOE, num_hidden_layers=4, num_experts=16), "fp16", layered_prefill=2,
-                        max_num_batched_tokens=32)
+    engine = layered_engine(tmp_path, max_num_batched_tokens=32)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (5, 7, 9, 41)]
     engine.reset_routing_counts()
     expected, eager_plans = generate_with_arrivals(engine, prompts, 6, arrivals=(2, 4))
     eager_counts = engine.routing_counts()
-    engine.graphs = StepGraphs(engine.model, engine.cache, 2, engine.max_model_len, max_tokens=16,
-                               capture=DEVICE == "cuda", layer_groups=engine.layer_groups(), layer_tokens=32)
-    engine.graphs.capture_all()  # (layered rows up to a step's budget, mixed steps' up to 16)
+    taken = graph_layered_steps(engine)
     assert sorted(k for k in engine.graphs.graphs if k[0] != "decode") == [
         ("layers", first, size) for first in (0, 2) for size in (16, 32)] + [("mixed", 16)]
-    taken, run_layers = [], engine.graphs.run_layers  # (first layer, rows) of each layered step's graph
-    engine.graphs.run_layers = lambda *args: taken.append((args[-2], len(args[2]))) or run_layers(*args)
     engine.reset_routing_counts()
     assert generate_with_arrivals(engine, prompts, 6, arrivals=(2, 4)) == (expected, eager_plans)
     assert sorted(set(taken)) == [(0, 9), (0, 32), (2, 9), (2, 32)]  # rows padded to 16, and a graph of 32
@@ -196,8 +209,7 @@ def test_layered_steps_give_the_eager_tokens(tmp_path, monkeypatch, kernels):
 def test_layered_graphs_go_on_after_a_cancel(tmp_path):
     """Two prompts layered together, one cancelled after the first group of layers: the other's rows go on through
     the next group's graph alone (20 of the 32 rows), with the eager engine's tokens; every block comes back."""
-    engine = engine_for(tmp_path, dict(QWEN3_MOE, num_hidden_layers=4, num_experts=16), "fp16", layered_prefill=2,
-                        max_num_batched_tokens=64)
+    engine = layered_engine(tmp_path, max_num_batched_tokens=64)
     g = torch.Generator().manual_seed(3)
     chat, first, second = (torch.randint(0, 512, (n,), generator=g).tolist() for n in (20, 12, 20))
 
@@ -217,11 +229,7 @@ def test_layered_graphs_go_on_after_a_cancel(tmp_path):
         return out
 
     expected = run()
-    engine.graphs = StepGraphs(engine.model, engine.cache, 2, engine.max_model_len, max_tokens=16,
-                               capture=DEVICE == "cuda", layer_groups=engine.layer_groups(), layer_tokens=64)
-    engine.graphs.capture_all()
-    taken, run_layers = [], engine.graphs.run_layers
-    engine.graphs.run_layers = lambda *args: taken.append((args[-2], len(args[2]))) or run_layers(*args)
+    taken = graph_layered_steps(engine)
     assert run() == expected
     assert taken == [(0, 32), (2, 20)]
 
