@@ -1,5 +1,7 @@
 """qk_norm_rope: HEAD's kernel (.probe/norms_old.py, a program per head row) against the tree's, Qwen3-30B-A3B's
-heads (32 q, 4 kv, D 128), bf16, us a call from 20 graph-captured calls, T = 1, 8, 256, 2048."""
+heads (32 q, 4 kv, D 128), bf16, us a call from 20 graph-captured calls, T = 1, 8, 256, 2048.
+Ran from the repository root with .probe/norms_old.py = `git show 5b86cf9^:kernels/norms.py` (the kernel before):
+    mkdir -p .probe && git show 5b86cf9^:kernels/norms.py > .probe/norms_old.py && PYTHONPATH=. python THIS"""
 import sys
 import torch
 sys.path.insert(0, ".probe")
