@@ -139,7 +139,9 @@ def load_kv_tile(bt_row, k_head, v_head, start_n, end, offs_n, offs_d, mask_d,
     return tok, mask_n, k, v
 
 
-@triton.jit
+# (ints that vary with the batch are not specialized: outside a graph, each new combination of ==1 and
+# multiple-of-16 would compile the kernel again, as it did the ALR-KVD kernel's, journal 2026-12-05 20c)
+@triton.jit(do_not_specialize=["num_splits", "stride_btb", "stride_mlb", "stride_mlh"])
 def _paged_decode_stage1(
     # Pointers to tensors
     Q, K_cache, V_cache, Block_tables, Seq_lens, Mid_o, Mid_lse, Out, Tickets,
@@ -457,7 +459,9 @@ def paged_decode_attention(
 # ----------------------------------------------------------------------------------------------
 # Query tiles: a step's prompt chunks and decode tokens in one launch (CUDA-graph mixed steps)
 # ----------------------------------------------------------------------------------------------
-@triton.jit
+# (ints that vary with the batch are not specialized: outside a graph, each new combination of ==1 and
+# multiple-of-16 would compile the kernel again, as it did the ALR-KVD kernel's, journal 2026-12-05 20c)
+@triton.jit(do_not_specialize=["num_splits", "stride_btb", "stride_mlb", "stride_mlh"])
 def _paged_tiles_stage1(
     # Pointers to tensors
     Q, K_cache, V_cache, Block_tables, Seq_lens, Tile_starts, Tile_counts, Mid_o, Mid_lse,
