@@ -181,7 +181,8 @@ def graph_layered_steps(engine: LLMEngine) -> list[tuple[int, int]]:
     return taken
 
 
-@pytest.mark.parametrize("kernels", [False, True] if DEVICE == "cpu" else [True], ids=["reference", "kernels"])
+@pytest.mark.parametrize("kernels", [pytest.param(False, id="reference"), pytest.param(True, id="kernels")]
+                         if DEVICE == "cpu" else [pytest.param(True, id="kernels")])
 def test_layered_steps_give_the_eager_tokens(tmp_path, monkeypatch, kernels):
     """Layered prefill (4 layers in groups of 2) beside decodes: each step's group of layers replays a graph of its
     own over the prompt chunks' padded rows (their residual stream kept between steps in static buffers: hidden
