@@ -130,3 +130,23 @@ def test_dummy_repository_streams_experts_on_request(tmp_path, monkeypatch):
     expected = dummy_repository.routed_expert_bytes(dummy_repository.SHAPES["qwen3-30b-a3b"]) // 2
     assert args.expert_budget_bytes == expected and 28e9 < expected < 30e9
     assert args.moe_routing == "local" and not args.enforce_eager
+    assert args.layered_prefill == 0  # streamed experts do not layer
+
+
+@pytest.mark.parametrize("flags, layered", [([], 8), (["--kv-format", "alrkvd-gpu"], 0), (["--kv-format", "kivi2"], 0),
+                                            (["--kv-format", "int8"], 8),
+                                            (["--kv-format", "alrkvd-gpu", "--layered-prefill", "4"], 4),
+                                            (["--layered-prefill", "0"], 0)])
+def test_dummy_repository_layers_prefill_where_its_steps_are_graphs(tmp_path, monkeypatch, flags, layered):
+    """The load-test models layer prompt chunks beside decodes (groups of 8) by default with caches whose layered
+    steps replay as graphs (the GPU config's fp16, int8), not with the windowed formats (eager); the flag wins."""
+    from backend.engine import EngineArgs
+    from server import dummy_repository
+
+    monkeypatch.setattr("sys.argv", ["dummy_repository", "--out", str(tmp_path), "--name", "q", *flags])
+    dummy_repository.main()
+    for variant in ("q", "q_eager"):
+        params = parameters(tmp_path / variant / "config.pbtxt")
+        args = _load("engine_config").engine_args_from_config({"parameters": params}, str(tmp_path / variant),
+                                                              EngineArgs)
+        assert args.layered_prefill == layered
