@@ -23,9 +23,10 @@ Kinds of step replay graphs:
   replayed in turn with each layer's attention run eagerly between them (`PagedKVCache.attend`: the closed
   history rebuilt, flash attention, the decodes beside through the decode kernel), through static buffers of
   its inputs and output. The attention launches a few kernels a layer; the rest of the step, hundreds.
-- with `layer_groups` (EngineArgs.layered_prefill, page-addressed formats), a layered step's group of layers of the
-  prompt chunks beside the decodes' graph: a graph per (group, size bucket up to a step's token budget), from and
-  into static buffers of the chunks' residual stream (`run_layers`).
+- with `layer_groups` (EngineArgs.layered_prefill; page-addressed formats, and ALR-KVD with its chunks across blocks
+  in runs of window slots held through the groups), a layered step's group of layers of the prompt chunks beside
+  the decodes' graph: a graph per (group, size bucket up to a step's token budget), from and into static buffers of
+  the chunks' residual stream (`run_layers`).
 Graphs are captured the first time a size runs; `capture_all` captures every size up front (the server
 does, at start-up).
 
@@ -78,9 +79,16 @@ class StepGraphs:
         self.token_sizes = ladder(self.max_tokens)
         # layered prefill: a group of layers of the prompt chunks a step, beside the decodes' graph. Eager, such a
         # step was bound by its launches: 7.4 ms for 6 layers of 96 rows beside a 9.7 ms decode graph (H100, Qwen3-
-        # 30B-A3B, journal 2026-12-07 32a). Their residual stream goes from graph to graph in static buffers
-        self.layer_groups = list(layer_groups) if self.max_tokens and not cache.windowed else []
-        self.layer_tokens = max(layer_tokens or self.max_tokens, self.max_tokens) if self.layer_groups else 0
+        # 30B-A3B, journal 2026-12-07 32a); as graphs 14.5 ms beside 11.9 (33a). Their residual stream goes from
+        # graph to graph in static buffers; windowed formats' chunks across blocks hold a run of window slots
+        # (below) through all the groups, so of those only formats with runs (ALR-KVD) layer in graphs
+        self.layer_tokens = max(layer_tokens or self.max_tokens, self.max_tokens) if layer_groups and self.max_tokens \
+            else 0
+        if self.max_tokens:  # windowed formats: chunks across blocks in runs of window slots
+            cache.add_window_runs(max(self.max_tokens, self.layer_tokens))
+        self.layer_groups = list(layer_groups) if self.layer_tokens and (not cache.windowed or cache.window_runs) \
+            else []
+        self.layer_tokens = self.layer_tokens if self.layer_groups else 0
         self.layer_sizes = ladder(self.layer_tokens)
         rows = max(max_batch, self.max_tokens, self.layer_tokens)
         device = cache.device
@@ -97,8 +105,6 @@ class StepGraphs:
         # ("pieces", T) -> ([graph per stretch between attentions], hidden)
         self.pool = None  # one memory pool shared by every graph (they never run at once)
         self.piecewise = piecewise and bool(self.max_tokens) and cache.windowed
-        if self.max_tokens:  # windowed formats: chunks across blocks in runs of window slots
-            cache.add_window_runs(self.max_tokens)
         # the blocks a step fills, compressed at commit: two graphs around the host's wait (ALR-KVD)
         kernel = cache.use_triton and cache.compress_blocks is not None
         self.compression = CompressGraphs(cache, capture) if kernel else None
@@ -169,10 +175,12 @@ class StepGraphs:
         """Layers [first, last) of a layered step's prompt chunks (`LLMEngine._run_layers`) as a graph over the rows'
         residual stream (`hidden`, `residual`; None before the first layer): the two after them, views of the static
         buffers that the next group's graph reads. None where no graph takes the group (more rows than `layer_tokens`,
-        other layers, a windowed format): the caller runs it eagerly."""
+        other layers, a windowed format without runs): the caller runs it eagerly. A chunk across blocks of a
+        windowed format holds its run from its first group to its last (`LLMEngine.schedule`)."""
         T = len(positions)
         if (first, last) not in self.layer_groups or T > self.layer_tokens:
             return None
+        self.cache.wait_compressed()  # (as in `run`)
         size = next(s for s in self.layer_sizes if s >= T)
         key = ("layers", first, size)
         pad = (size - T, self.cache.scratch_block, self.cache.scratch_slot)
@@ -197,6 +205,14 @@ class StepGraphs:
             graph.replay()
         self._count_all_rows(T, size)
         return out[:T], self.layer_residual[:T]
+
+    def layers_read_little(self, seq: SeqKV, rows: int) -> bool:
+        """Whether `rows` rows of `seq` may go through the layers in groups here: not where a windowed format's group
+        graphs would read a long compressed history through the decode kernel for each row (as `run`, past
+        `GRAPH_MAX_HISTORY_READS`; such a chunk goes into a mixed step, whose attention then runs eagerly)."""
+        if not (self.layer_groups and self.cache.windowed):
+            return True
+        return rows * (seq.num_tokens // self.cache.block_size * self.cache.block_size) <= GRAPH_MAX_HISTORY_READS
 
     def _rows(self, positions: list[int], size: int, batch: AttentionBatch, mixed: bool):
         """The step's positions and, in a step with prompt rows, which of its `size` rows are its own; the padding
@@ -239,7 +255,7 @@ class StepGraphs:
         """Capture every size now, as vLLM does at start-up, so that no request waits for a capture (the server
         does this; offline use captures on first use). Throwaway sequences drive the captures and are freed:
         B sequences of one token for decode sizes, prompts of T tokens in all for mixed sizes (one sequence, or
-        for windowed formats sequences of a block each), and for each layer group one such prompt through its layers;
+        for windowed formats sequences of a block each), and for each layer group such prompts through its layers;
         piecewise sizes need none. Returns the seconds taken."""
         start = time.perf_counter()
         cache = self.cache
@@ -277,9 +293,9 @@ class StepGraphs:
             for first, last in self.layer_groups:
                 hidden, residual = self.run_layers(hidden, residual, positions, batch, first, last)
 
-        for T in reversed(self.layer_sizes):  # a prompt of T tokens through the layers
-            if cache.allocator.num_free > -(-T // cache.block_size):
-                drive([T], through_the_groups)
+        for T in reversed(self.layer_sizes):  # prompts of T tokens in all through the layers
+            if cache.allocator.num_free > -(-T // cache.block_size) and len(cache.new_prompt_chunks(T)) <= largest:
+                drive(cache.new_prompt_chunks(T), through_the_groups)
         if self.capture:
             torch.cuda.synchronize(cache.device)
         return time.perf_counter() - start

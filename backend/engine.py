@@ -380,9 +380,9 @@ class LLMEngine:
         step (`self.layered`, not in the plan), and no other prompt starts until they are through."""
         self.running = self._order(self.running)
         scheduled: list[tuple[Sequence, int]] = []
-        self.cache.release_runs()
         if self.layered is not None:  # without the finished (aborted, timed out, failed)
             self.layered.drop([seq for seq, _ in self.layered.chunks if seq not in self.running])
+        self.cache.release_runs(keep=[seq.kv for seq, _ in self.layered.chunks] if self.layered is not None else [])
         for seq in [s for s in self.running if s.num_pending == 1]:
             if seq not in self.running:  # preempted below to make room for an earlier one
                 continue
@@ -417,13 +417,18 @@ class LLMEngine:
             if (layered_budget if layering else budget) == 0:
                 break
             cached = 0 if seq in self.running else self.cache.match_prefix(seq.kv, seq.all_ids)
-            layered = layering and seq.num_pending > 1
+            layered = layering and seq.num_pending > 1 and (
+                self.graphs is None or self.graphs.layers_read_little(seq.kv, min(seq.num_pending, layered_budget)))
             n = min(seq.num_pending, layered_budget if layered else budget)
             if n == 0:  # (layering: a one-token prompt past the step's budget)
                 if seq not in self.running:
                     self.cache.free(seq.kv)  # (the cached blocks it took)
                 continue
-            if in_graph and not layered and not self.graphs.piecewise:  # (piecewise: chunks across blocks, eager)
+            # rows a graph reads beside decodes (a mixed step's, or a layered chunk's where its groups are graphs): a
+            # windowed format's chunk ends at its block's end or within a run of window slots (piecewise: a mixed
+            # step's chunks across blocks, eager)
+            graph_rows = in_graph and (not layered or bool(self.graphs.layer_groups))
+            if graph_rows and (layered or not self.graphs.piecewise):
                 n = min(n, self.cache.mixed_chunk_limit(seq.kv))
             if seq in self.running:
                 while not self.cache.can_allocate(seq.kv, n):  # preempt the newest, never a scheduled decode
@@ -446,12 +451,12 @@ class LLMEngine:
                 self.running.append(seq)
                 self.prefix_cache_hit_tokens += cached
             self.cache.allocate(seq.kv, n)
-            if layered:  # eagerly, after the decodes' step: no graph, no run of window slots
+            if graph_rows:
+                self.cache.take_run(seq.kv, n)  # (a chunk across its block's end: a run of window slots)
+            if layered:  # after the decodes' step, a group of layers a step
                 layered_chunks.append((seq, n))
                 layered_budget -= n
                 continue
-            if in_graph:
-                self.cache.take_run(seq.kv, n)  # (a chunk across its block's end: a run of window slots)
             scheduled.append((seq, n))
             budget -= n
         if layered_chunks:
@@ -546,15 +551,20 @@ class LLMEngine:
         tokens, positions, ends = self._rows(layered.chunks)
         if first == 0:
             layered.hidden = self.model.embed_tokens(torch.tensor(tokens, device=device))
-        last = next(last for f, last in self.layer_groups() if f == first) if decodes else L
+        groups = [(f, last) for f, last in self.layer_groups() if f >= first]
         batch = AttentionBatch([seq.kv for seq, _ in layered.chunks], [n for _, n in layered.chunks])
-        out = None  # beside decodes, the group as a graph where one holds it
-        if decodes and self.graphs is not None:
-            out = self.graphs.run_layers(layered.hidden, layered.residual, positions, batch, first, last)
+        out = None  # each group as a graph where one holds it (beside decodes one group, else all that are left)
+        if self.graphs is not None and self.graphs.layer_groups:
+            for f, last in groups[:1] if decodes else groups:
+                out = self.graphs.run_layers(layered.hidden, layered.residual, positions, batch, f, last)
+                if out is None:  # (then at the first group: the rows are the same in each)
+                    break
+                layered.hidden, layered.residual = out
         if out is None:
+            last = groups[0][1] if decodes else L
             out = self.model.forward_layers(layered.hidden, layered.residual, torch.tensor(positions, device=device),
                                             self.cache, batch, first, last)
-        layered.hidden, layered.residual = out
+            layered.hidden, layered.residual = out
         self.layered_plan, layered.next_layer = (list(layered.chunks), first, last), last
         if last < L:
             return []

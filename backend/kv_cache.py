@@ -297,9 +297,10 @@ class PagedKVCache:
         self.window_runs = [self.num_sequence_slots + i * blocks for i in range(runs)]
         self.run_blocks = blocks
 
-    def release_runs(self):
-        """Before a step is planned: no chunk holds a run."""
-        self._runs.clear()
+    def release_runs(self, keep: list[SeqKV] = ()):
+        """Before a step is planned: no chunk holds a run but those of `keep` (layered chunks part-way through the
+        layers: their rows' keys and values of the layers done are in it)."""
+        self._runs = {id(seq): self._runs[id(seq)] for seq in keep if id(seq) in self._runs}
 
     def take_run(self, seq: SeqKV, num_new: int):
         """A chunk of `num_new` tokens across its block's end: its rows go to a free run that holds them, which

@@ -38,8 +38,9 @@ SHAPES = {
 
 # Beside decodes, prompt chunks go through the layers in groups of 8, a group a step: served on the H100 (three
 # calls, 2026-12-07) the 8-user inter-token p99 was 1.50-2.05x its p50 against 2.30-2.35x without, first tokens
-# 122-131 ms. Only for caches whose layered steps are CUDA graphs (not the windowed ALR-KVD and KIVI, eager: 3.75x)
-# and with every expert resident (streamed experts do not layer).
+# 122-131 ms. Only for caches whose layered steps were timed as CUDA graphs (not the windowed ALR-KVD and KIVI:
+# eager, served 3.75x; ALR-KVD's as graphs since journal 33b, not timed) and with every expert resident (streamed
+# experts do not layer).
 LAYERED_PREFILL = 8
 
 

@@ -162,11 +162,11 @@ def test_mixed_steps_give_the_eager_tokens(tmp_path, shape):
     assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
 
 
-def layered_engine(tmp_path, max_num_batched_tokens: int) -> LLMEngine:
-    """An eager engine over a 4-layer dummy MoE with layered prefill in groups of 2 (16 experts, 2 a token: layering
-    beside up to 5 decodes, `layering_max_decodes`)."""
-    return engine_for(tmp_path, dict(QWEN3_MOE, num_hidden_layers=4, num_experts=16), "fp16", layered_prefill=2,
-                      max_num_batched_tokens=max_num_batched_tokens)
+def layered_engine(tmp_path, max_num_batched_tokens: int, kv_format: str = "fp16", groups: int = 2) -> LLMEngine:
+    """An eager engine over a 4-layer dummy MoE with layered prefill in `groups` groups (16 experts, 2 a token:
+    layering beside up to 5 decodes, `layering_max_decodes`)."""
+    return engine_for(tmp_path, dict(QWEN3_MOE, num_hidden_layers=4, num_experts=16), kv_format,
+                      layered_prefill=groups, max_num_batched_tokens=max_num_batched_tokens)
 
 
 def graph_layered_steps(engine: LLMEngine) -> list[tuple[int, int]]:
@@ -233,6 +233,83 @@ def test_layered_graphs_go_on_after_a_cancel(tmp_path):
     taken = graph_layered_steps(engine)
     assert run() == expected
     assert taken == [(0, 32), (2, 20)]
+
+
+@pytest.mark.parametrize("kv_format", ["fp16", "alrkvd"])
+def test_layered_graphs_finish_the_layers_in_one_step_when_the_decodes_end(tmp_path, kv_format):
+    """A prompt layered in four groups beside a chat that ends after the prompt's second group: the step after
+    runs the two groups left through their graphs, one after the other (ALR-KVD: its chunk across blocks in its run
+    to the end), and the tokens are the eager engine's."""
+    engine = layered_engine(tmp_path, max_num_batched_tokens=64, kv_format=kv_format, groups=4)
+    bs = engine.cache.block_size
+    g = torch.Generator().manual_seed(7)
+    chat, prompt = (torch.randint(0, 512, (n,), generator=g).tolist() for n in (20, bs + 9))
+
+    def run():
+        engine.add_request(None, SamplingParams(max_tokens=3, temperature=0, ignore_eos=True), request_id="chat",
+                           prompt_ids=chat)
+        out, groups = {}, []
+        for step in range(12):
+            if step == 1:
+                engine.add_request(None, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True),
+                                   request_id="prompt", prompt_ids=prompt)
+            out.update((o.request_id, o.token_ids) for o in engine.step() if o.finished)
+            groups.append(engine.layered_plan[1:] if engine.layered_plan else None)
+        assert not engine.has_unfinished() and engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
+        return out, groups
+
+    expected, eager_groups = run()
+    taken = graph_layered_steps(engine)
+    assert run() == (expected, eager_groups)
+    assert eager_groups[1:4] == [(0, 1), (1, 2), (2, 4)]  # (first, last) layers a step: the last two at once
+    assert taken == [(first, bs + 9) for first in range(4)]
+
+
+def test_alrkvd_layered_chunks_across_blocks_hold_a_run_through_the_groups(tmp_path):
+    """ALR-KVD (a sequence's newest block in a window slot), layered prefill beside decodes as graphs: a chunk
+    across blocks takes a run of window slots and keeps it from its first group of layers to its last, across the
+    decodes' steps between (each group writes its layers' keys and values there; the commit after the last group
+    compresses the blocks it filled, every layer's). Tokens and plans are the eager engine's (where each layer
+    writes and compresses as it goes); every block and window slot comes back."""
+    engine = layered_engine(tmp_path, max_num_batched_tokens=128, kv_format="alrkvd")
+    bs = engine.cache.block_size
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (bs - 4, bs + 3, 2 * bs + 7, bs + 20)]
+    expected, eager_plans = generate_with_arrivals(engine, prompts, bs + 4, arrivals=(2, 4))
+    taken = graph_layered_steps(engine)
+    cache, runs = engine.cache, []
+    take_run = cache.take_run
+
+    def recorded(seq, n):  # (chunk rows, run) of the chunks that take one
+        take_run(seq, n)
+        if id(seq) in cache._runs:
+            runs.append((n, cache._runs[id(seq)]))
+
+    cache.take_run = recorded
+    assert generate_with_arrivals(engine, prompts, bs + 4, arrivals=(2, 4)) == (expected, eager_plans)
+    assert sorted(n for n, _ in runs) == [bs + 20, 2 * bs + 7] and sorted(set(taken)) == [
+        (first, n) for first in (0, 2) for n in (bs + 20, 2 * bs + 7)]  # (the two arrivals, each its groups)
+    assert cache.allocator.num_free == cache.allocator.num_blocks and len(cache.free_slots) == engine.args.max_num_seqs
+
+
+def test_alrkvd_chunks_over_long_histories_are_not_layered(tmp_path, monkeypatch):
+    """Where a layered group's graph would read a long compressed history through the decode kernel for each row
+    (past `GRAPH_MAX_HISTORY_READS`; here any), the chunk goes into mixed steps instead: a 106-token prompt's first
+    64 tokens (no history) go through the groups, its last 42 (after two closed blocks) beside the decodes.
+    The tokens are the eager engine's."""
+    monkeypatch.setattr(cuda_graphs, "GRAPH_MAX_HISTORY_READS", 0)
+    engine = layered_engine(tmp_path, max_num_batched_tokens=64, kv_format="alrkvd")
+    bs = engine.cache.block_size
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (bs - 4, bs + 3, 3 * bs + 10)]
+    expected, _ = generate_with_arrivals(engine, prompts, 8, arrivals=(2,))
+    taken = graph_layered_steps(engine)
+    tokens, plans = generate_with_arrivals(engine, prompts, 8, arrivals=(2,))
+    assert tokens == expected
+    assert sorted(set(taken)) == [(0, 64), (2, 64)]
+    # (tokens cached before, tokens) of each step: the rest in mixed steps (chunks cut to the graph's 16 rows)
+    rest = [n for plan in plans for before, n in plan if before >= 64 and n > 1]
+    assert sum(rest) == 3 * bs + 10 - 64
 
 
 def generate_with_arrivals(engine, prompts, max_tokens: int, arrivals) -> tuple[list, list]:
