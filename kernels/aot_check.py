@@ -60,19 +60,20 @@ def main() -> None:
     paged_ptrs = dict(Q="fp16", K_cache="fp16", V_cache="fp16", Block_tables="i32", Seq_lens="i32",
                       Mid_o="fp32", Mid_lse="fp32", Out="fp16", Tickets="i32")
     alr_ptrs = dict(Q="fp16", Block_tables="i32", Seq_lens="i32", Closed="i32", Window_slots="i32", Window_k="fp16",
-                    Window_v="fp16", Cos="fp32", Sin="fp32", Ranks="i16", Basis="i8", Basis_scale="fp16",
-                    Latent="u8", Latent_scale="fp16", Latent_zero="fp16", K_resid="u8", K_rscale="fp16",
-                    K_rzero="fp16", V_resid="u8", V_rscale="fp16", V_rzero="fp16", Mid_o="fp32", Mid_lse="fp32",
-                    Out="fp16", Tickets="i32")
+                    Window_v="fp16", Tile_starts="i32", Tile_counts="i32", Cos="fp32", Sin="fp32", Ranks="i16",
+                    Basis="i8", Basis_scale="fp16", Latent="u8", Latent_scale="fp16", Latent_zero="fp16",
+                    K_resid="u8", K_rscale="fp16", K_rzero="fp16", V_resid="u8", V_rscale="fp16", V_rzero="fp16",
+                    Mid_o="fp32", Mid_lse="fp32", Out="fp16", Tickets="i32")
     comp_ptrs = dict(K_src="fp16", V_src="fp16", Block_ids="i64", Ranks="i16", Basis="i8", Basis_scale="fp16",
-                     Rot="fp32", Start_pos="i64", Cos="fp32", Sin="fp32", K_levels="fp32", K_edges="fp32", V_levels="fp32", V_edges="fp32", Search="fp32",
+                     Rot="fp32", Start_pos="i64", Cos="fp32", Sin="fp32", K_levels="fp32", K_edges="fp32",
+                     V_levels="fp32", V_edges="fp32", Search="fp32",
                      Latent="u8", Latent_scale="fp16", Latent_zero="fp16", K_resid="u8", K_rscale="fp16",
                      K_rzero="fp16", V_resid="u8", V_rscale="fp16", V_rzero="fp16")
     cfg = alrkvd_attention._DEFAULT_STAGE1
     moe_prefill = fused_moe._default_config(128, torch.device("cuda"))  # the launcher's tiles at M=128
     # the strides that are 1 in the cache's layout are constants for the JIT too (it specializes ints equal to 1)
     alr_common = dict(NUM_KV_HEADS=8, GROUP=4, BLOCK_G=4, BLOCK_GN=8, MERGE_CHUNK=32, HEAD_DIM=128, BLOCK_SIZE=128,
-                      BLOCK_S=16, K_BITS=2, V_BITS=2, ASM=True, HAS_CLOSED=False, stride_lt=1, stride_kst=1,
+                      BLOCK_S=16, K_BITS=2, V_BITS=2, ASM=True, HAS_CLOSED=False, TILE_Q=1, stride_lt=1, stride_kst=1,
                       stride_vst=1, stride_vrt=1)
     alr_launches = [(rot, r, alrkvd_attention.launch_config(cfg, many, r, rot))
                     for rot in (False, True) for r in (16, 64) for many in (False, True)]
