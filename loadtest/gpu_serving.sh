@@ -15,7 +15,9 @@
 #   source .device/setup.sh && bash loadtest/gpu_serving.sh "$OUT" [STEPS] [STEP_TIME] [MODELS] [TENANTS]
 # Long-context tenants (issue 36), fp16 against ALR-KVD at the same KV budget, prepared here with
 #   python -m server.dummy_repository --out reports/gpu_repository --name qwen3_30b_long_fp16 --kv-format fp16 \
-#     --kv-budget-gb 8 --max-model-len 40960 --max-num-seqs 64 --max-step-ms 80 --cuda-graph-max-tokens 2048
+#     --kv-budget-gb 8 --max-model-len 40960 --max-num-seqs 64 --max-step-ms 80 --cuda-graph-max-tokens 2048 \
+#     --layered-prefill 0
+# (layering off, as these were measured; not measured with long documents)
 # (and _long_alrkvd_pieces with --kv-format alrkvd-gpu --piecewise-graphs: steps over long compressed histories, and
 # chunks across blocks that no run holds, in graph pieces instead of eager steps)
 # (with --prefix-caching, both, as _long_*_pc: a turn takes its document's or history's cached blocks, and a
