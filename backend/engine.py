@@ -106,7 +106,10 @@ class EngineArgs:
                                        # groups, a group a step, instead of all at once: a MoE chunk of any size reads
                                        # nearly every expert of each layer it passes, so a step that carries whole
                                        # chunks stalls every stream (layered prefill, arXiv 2510.08055); 0 or 1: off.
-                                       # MoE: only beside few enough decodes (`layering_max_decodes`)
+                                       # MoE: only beside few enough decodes (`layering_max_decodes`). On CUDA a
+                                       # graph per group (fp16-style caches; ALR-KVD's chunks in runs of window
+                                       # slots): served, 8 users' ITL p99/p50 1.50-2.05x against 2.30-2.35x
+                                       # (BENCHMARKS.md Decisions)
     seed: int = 0
     expert_budget_bytes: int | None = None  # device bytes for routed experts, streamed from host; None: all resident
     expert_prefetch: int = 1           # MoE layers ahead whose experts are prefetched (pre-gating); 0: on demand only
