@@ -10,5 +10,5 @@ dummy_repository.py  a model repository serving a full-size MoE shape with dummy
 
 The engine (backend/) runs inside tritonserver's Python-backend stubs (model_repository/*/1/model.py); nothing
 here imports it, except dummy_repository.py, which exports the engine's default tokenizer (GGUF) as
-tokenizer.json and asks the engine's KV formats which are windowed.
+tokenizer.json and resolves KV presets to their formats.
 """

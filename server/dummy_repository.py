@@ -38,21 +38,20 @@ SHAPES = {
 
 # Beside decodes, prompt chunks go through the layers in groups of 8, a group a step: served on the H100 (three
 # calls, 2026-12-07) the 8-user inter-token p99 was 1.50-2.05x its p50 against 2.30-2.35x without, first tokens
-# 122-131 ms. Only for caches whose layered steps were timed as CUDA graphs (not the windowed ALR-KVD and KIVI:
-# eager, served 3.75x; ALR-KVD's as graphs since journal 33b, not timed) and with every expert resident (streamed
-# experts do not layer).
+# 122-131 ms. Only with the cache whose layered steps were timed as CUDA graphs, fp16 (not int8, which has no
+# kernels, nor the windowed ALR-KVD and KIVI, served eagerly 3.75x; ALR-KVD's as graphs since journal 33b, not
+# timed) and with every expert resident (streamed experts do not layer).
 LAYERED_PREFILL = 8
+LAYERED_FORMATS = ("fp16",)
 
 
 def default_layered_prefill(kv_format: str | None, streamed_experts: bool) -> int:
     """`layered_prefill` of a variant unless `--layered-prefill` says: LAYERED_PREFILL where it serves better."""
-    from backend.kv_formats import FORMATS
     from backend.kv_presets import resolve_kv
 
     if kv_format is None:  # the GPU config's
         kv_format = re.search(r'key: "kv_format", value: \{ string_value: "([^"]*)"', GPU_CONFIG.read_text())[1]
-    windowed = FORMATS[resolve_kv(kv_format)[0]].windowed
-    return 0 if windowed or streamed_experts else LAYERED_PREFILL
+    return LAYERED_PREFILL if resolve_kv(kv_format)[0] in LAYERED_FORMATS and not streamed_experts else 0
 
 
 def routed_expert_bytes(shape: dict, element_bytes: int = 2) -> int:
@@ -117,7 +116,7 @@ def main() -> None:
                         "across a block replay graph pieces, attention eager between them (default: the engine's, off)")
     p.add_argument("--layered-prefill", type=int, default=None,
                    help="beside running decodes, a prompt chunk goes through the layers in this many groups, a group "
-                        "a step (layered_prefill; default: LAYERED_PREFILL with fp16-style caches and every expert "
+                        "a step (layered_prefill; default: LAYERED_PREFILL with LAYERED_FORMATS and every expert "
                         "resident, else 0: off)")
     p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction,
                    help="a request takes the cached KV blocks of its first tokens (a chat's history) instead of "
