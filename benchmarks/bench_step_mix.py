@@ -16,7 +16,8 @@ blocks.
 `--long`: the long-context tenants' served config instead (`qwen3_30b_long_*` of `loadtest/gpu_serving.sh`: 8 GiB of
 KV, 40,960 positions, 64 sequences, `max_step_ms` 80, graphs to 2,048 tokens) and their mix in tokens, two chats to a
 document (`loadtest/tenants_long.yaml`: documents of 16k-32k tokens, 32 out; chats of 500-6,000, 96 out).
-`--profile`: the measured steps' GPU time by kernel (torch.profiler), per arm and user count.
+`--profile`: the measured steps' GPU time by kernel (torch.profiler), per arm and user count. Each step counts the
+Triton compiles inside it (none is expected after the engine's warm-up).
 """
 from __future__ import annotations
 
@@ -68,6 +69,21 @@ def timed(fn, spent: dict, key: str):
     return wrapped
 
 
+def count_compiles() -> list[int]:
+    """A counter of Triton's JIT compiles from now on ([n]; Triton's `jit_cache_hook`, called before each compile): a
+    compile inside the measured steps stalls one for a second or more (journal 2026-12-05 20c, 2026-12-07 32a)."""
+    from triton import knobs
+
+    count = [0]
+
+    def hook(*args, **kwargs):
+        count[0] += 1
+        return False  # (true would skip the compile)
+
+    knobs.runtime.jit_cache_hook = hook
+    return count
+
+
 def run(engine, users: int, steps: int, warmup: int, seed: int = 0, tenants: dict = TENANTS,
         profiler=None) -> tuple[list[dict], list[tuple[str, float]]]:
     """Every step after `warmup` (a row each), and (tenant, ms from its arrival to its first token) of the requests
@@ -92,13 +108,14 @@ def run(engine, users: int, steps: int, warmup: int, seed: int = 0, tenants: dic
     graphs._run_pieces = lambda *args: spent["pieces_out"].append(1) or run_pieces(*args)  # (a step in graph pieces)
     for _ in range(users):
         submit(False)
-    rows, profiling = [], False
+    rows, profiling, compiles = [], False, count_compiles()
     try:
         for i in range(warmup + steps):
             if profiler is not None and i == warmup:
                 profiler.start()
                 profiling = True
             spent.update(compress=0.0, forward=0.0, compress_out=[], forward_out=[], pieces_out=[])
+            compiled = compiles[0]
             torch.cuda.synchronize()
             t = time.perf_counter()
             outputs = engine.step()
@@ -119,7 +136,7 @@ def run(engine, users: int, steps: int, warmup: int, seed: int = 0, tenants: dic
                 chunks += [(seq.kv.num_tokens - (n if done else 0), round(n * (layered[2] - layered[1]) /
                                                                           engine.cfg.num_layers))
                            for seq, n in layered[0]]
-                kind = "layered" if engine.plan else "eager"
+                kind = "layered"  # (beside decodes a group of layers; without, all that are left)
             elif not chunks:
                 kind = "decode"
             elif not replayed:
@@ -132,8 +149,12 @@ def run(engine, users: int, steps: int, warmup: int, seed: int = 0, tenants: dic
                 rows.append({"kind": kind, "ms": ms, "forward_ms": spent["forward"], "compress_ms": spent["compress"],
                              "decodes": sum(n == 1 for _, n in engine.plan), "prompt_tokens": sum(n for _, n in chunks),
                              "prompt_chunks": len(chunks), "history": max((at for at, _ in chunks), default=0),
-                             "layers": None if layered is None else layered[1:]})  # (a layered step's first, last)
+                             "layers": None if layered is None else layered[1:],  # (a layered step's first, last)
+                             "compiles": compiles[0] - compiled})
     finally:
+        from triton import knobs
+
+        knobs.runtime.jit_cache_hook = None
         if profiling:
             torch.cuda.synchronize()
             profiler.stop()
@@ -158,6 +179,7 @@ def summarize(rows: list[dict], first_tokens: list[tuple[str, float]]) -> dict:
     out["prompt_tok_s"], out["decode_tok_s"] = (sum(r[k] for r in rows) / seconds for k in ("prompt_tokens", "decodes"))
     out["ttft_p50_ms"] = {t: statistics.median(ms for name, ms in first_tokens if name == t)
                           for t in sorted({name for name, _ in first_tokens})}
+    out["compiles"] = sum(r["compiles"] for r in rows)  # Triton compiles inside the measured steps
     return out
 
 
@@ -210,7 +232,7 @@ def main() -> int:
             print(f"{arm:18} users {users:2}: decode rows wait p50 {s['decode_wait_p50']:.1f} p99 "
                   f"{s['decode_wait_p99']:.1f} ms ({s['decode_wait_p99'] / s['decode_wait_p50']:.2f}x); prompt "
                   f"tokens/s {s['prompt_tok_s']:.0f}, decodes/s {s['decode_tok_s']:.0f}; first token "
-                  f"p50 ms: {ttft} | {kinds}", flush=True)
+                  f"p50 ms: {ttft}; Triton compiles {s['compiles']} | {kinds}", flush=True)
         del engine
         gc.collect()
         torch.cuda.empty_cache()
