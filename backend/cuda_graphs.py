@@ -82,13 +82,11 @@ class StepGraphs:
         # 30B-A3B, journal 2026-12-07 32a); as graphs 14.5 ms beside 11.9 (33a). Their residual stream goes from
         # graph to graph in static buffers; windowed formats' chunks across blocks hold a run of window slots
         # (below) through all the groups, so of those only formats with runs (ALR-KVD) layer in graphs
-        self.layer_tokens = max(layer_tokens or self.max_tokens, self.max_tokens) if layer_groups and self.max_tokens \
-            else 0
+        layer_rows = max(layer_tokens or self.max_tokens, self.max_tokens) if layer_groups and self.max_tokens else 0
         if self.max_tokens:  # windowed formats: chunks across blocks in runs of window slots
-            cache.add_window_runs(max(self.max_tokens, self.layer_tokens))
-        self.layer_groups = list(layer_groups) if self.layer_tokens and (not cache.windowed or cache.window_runs) \
-            else []
-        self.layer_tokens = self.layer_tokens if self.layer_groups else 0
+            cache.add_window_runs(max(self.max_tokens, layer_rows))
+        self.layer_groups = list(layer_groups) if layer_rows and (not cache.windowed or cache.window_runs) else []
+        self.layer_tokens = layer_rows if self.layer_groups else 0
         self.layer_sizes = ladder(self.layer_tokens)
         rows = max(max_batch, self.max_tokens, self.layer_tokens)
         device = cache.device
@@ -210,9 +208,7 @@ class StepGraphs:
         """Whether `rows` rows of `seq` may go through the layers in groups here: not where a windowed format's group
         graphs would read a long compressed history through the decode kernel for each row (as `run`, past
         `GRAPH_MAX_HISTORY_READS`; such a chunk goes into a mixed step, whose attention then runs eagerly)."""
-        if not (self.layer_groups and self.cache.windowed):
-            return True
-        return rows * (seq.num_tokens // self.cache.block_size * self.cache.block_size) <= GRAPH_MAX_HISTORY_READS
+        return not self.layer_groups or rows * self.cache.closed_history(seq) <= GRAPH_MAX_HISTORY_READS
 
     def _rows(self, positions: list[int], size: int, batch: AttentionBatch, mixed: bool):
         """The step's positions and, in a step with prompt rows, which of its `size` rows are its own; the padding
@@ -269,10 +265,13 @@ class StepGraphs:
         largest = min(self.max_batch, cache.allocator.num_free)
         if cache.windowed:
             largest = min(largest, len(cache.free_slots))
-        drives = [[1] * B for B in range(largest, 0, -1)]  # largest first: the smaller graphs reuse its pool's memory
-        drives = [cache.new_prompt_chunks(T) for T in reversed(self.token_sizes)
-                  if cache.allocator.num_free > -(-T // cache.block_size)
-                  and len(cache.new_prompt_chunks(T)) <= largest] + drives
+
+        def prompts(sizes: list[int]) -> list[list[int]]:  # largest first: the smaller graphs reuse its pool's memory
+            return [cache.new_prompt_chunks(T) for T in reversed(sizes)
+                    if cache.allocator.num_free > -(-T // cache.block_size)
+                    and len(cache.new_prompt_chunks(T)) <= largest]
+
+        drives = prompts(self.token_sizes) + [[1] * B for B in range(largest, 0, -1)]
 
         def drive(query_lens: list[int], run):  # throwaway sequences of these lengths through `run`
             seqs = [SeqKV() for _ in query_lens]
@@ -293,9 +292,8 @@ class StepGraphs:
             for first, last in self.layer_groups:
                 hidden, residual = self.run_layers(hidden, residual, positions, batch, first, last)
 
-        for T in reversed(self.layer_sizes):  # prompts of T tokens in all through the layers
-            if cache.allocator.num_free > -(-T // cache.block_size) and len(cache.new_prompt_chunks(T)) <= largest:
-                drive(cache.new_prompt_chunks(T), through_the_groups)
+        for query_lens in prompts(self.layer_sizes):  # prompts of T tokens in all through the layers
+            drive(query_lens, through_the_groups)
         if self.capture:
             torch.cuda.synchronize(cache.device)
         return time.perf_counter() - start

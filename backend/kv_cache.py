@@ -603,10 +603,12 @@ class PagedKVCache:
         """Tokens of compressed history that a step's prompt rows read through a windowed format's decode kernel
         (`mixed_rows_supported`): each row of a chunk reads the blocks closed before its chunk. 0 for page-addressed
         formats (their tiles kernel reads a history once per tile, at fp16's speed)."""
-        if not self.windowed:
-            return 0
-        bs = self.block_size
-        return sum(n * (seq.num_tokens // bs * bs) for seq, n in zip(batch.seqs, batch.query_lens) if n > 1)
+        return sum(n * self.closed_history(seq) for seq, n in zip(batch.seqs, batch.query_lens) if n > 1)
+
+    def closed_history(self, seq: SeqKV) -> int:
+        """Tokens of `seq`'s compressed history that each of its next prompt rows reads through a windowed format's
+        decode kernel: its closed blocks' (0 for page-addressed formats)."""
+        return seq.num_tokens // self.block_size * self.block_size if self.windowed else 0
 
     def new_prompt_chunks(self, tokens: int) -> list[int]:
         """How such a step takes `tokens` prompt tokens of sequences that start at a block's start: one chunk,
