@@ -292,6 +292,15 @@ def test_alrkvd_layered_chunks_across_blocks_hold_a_run_through_the_groups(tmp_p
     assert cache.allocator.num_free == cache.allocator.num_blocks and len(cache.free_slots) == engine.args.max_num_seqs
 
 
+def test_the_decode_kernel_takes_a_layered_groups_rows(tmp_path):
+    """ALR-KVD: a layered group's graph carries its chunks' rows (up to the step budget, past the mixed steps' graph
+    size) through the decode kernel in one launch (`fp16`'s: the tiles kernel): the merge tickets the cache holds
+    for it (one per row and KV head) cover them. (Groups of 2,048 rows met tickets for 256 in the first GPU run.)"""
+    engine = engine_for(tmp_path, dict(QWEN3_MOE, num_hidden_layers=4, num_experts=16), "alrkvd",
+                        layered_prefill=2, max_num_batched_tokens=128, cuda_graph_max_tokens=16)
+    assert engine.cache.kernels.decode.keywords["tickets"].numel() >= 128 * engine.cfg.num_kv_heads
+
+
 def test_alrkvd_chunks_over_long_histories_are_not_layered(tmp_path, monkeypatch):
     """Where a layered group's graph would read a long compressed history through the decode kernel for each row
     (past `GRAPH_MAX_HISTORY_READS`; here any), the chunk goes into mixed steps instead: a 106-token prompt's first
