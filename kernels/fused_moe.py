@@ -427,22 +427,6 @@ def moe_route(logits: torch.Tensor, top_k: int, normalize: bool, routes: torch.T
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
-# Prompt chunks (many pairs an expert): PyTorch's grouped GEMM (CUTLASS, sm90, bf16) takes each expert's rows
-# unpadded, where the Triton kernel pads every run to its M tile of 128 (near-uniform routing at 2,048 tokens:
-# 128 +- 11 pairs an expert, about half a tile of padding each) and ran at 39% of the GEMM rate (journal 32c).
-# From this many pairs an expert on; None: never.
-GROUPED_MM_MIN_PAIRS_PER_EXPERT: int | None = None
-
-
-def grouped_mm_wanted(num_pairs: int, num_slots: int) -> bool:
-    return GROUPED_MM_MIN_PAIRS_PER_EXPERT is not None and num_pairs >= GROUPED_MM_MIN_PAIRS_PER_EXPERT * num_slots
-
-
-def use_grouped_mm(x: torch.Tensor, w13: torch.Tensor, num_pairs: int, num_slots: int) -> bool:
-    return (grouped_mm_wanted(num_pairs, num_slots) and x.is_cuda and x.dtype == w13.dtype == torch.bfloat16
-            and hasattr(torch, "_grouped_mm") and torch.cuda.get_device_capability(x.device)[0] >= 9)
-
-
 def block_size_m(num_pairs: int, num_experts: int) -> int:
     """M-tile shared by both projections: 16 for decode (a few pairs per expert), larger for prefill (128 from about
     100 pairs an expert: 1.18x 64's on gate/up at 2,048 and 8,192 tokens of Qwen3-30B-A3B, H100, journal
@@ -451,13 +435,11 @@ def block_size_m(num_pairs: int, num_experts: int) -> int:
     return 16 if per_expert <= 16 else 32 if per_expert <= 48 else 64 if per_expert <= 96 else 128
 
 
-def moe_kernel_variant(num_pairs: int, num_experts: int) -> tuple[int, bool, bool, bool]:
+def moe_kernel_variant(num_pairs: int, num_experts: int) -> tuple[int, bool, bool]:
     """What a call's compiled kernels depend on besides the weights' shapes: the M-tile, the sort in one program or
-    several, whether the pair count is a multiple of 16 (Triton specializes integer arguments on it) and whether
-    the grouped GEMM takes the call. A warm-up that runs each variant once leaves nothing to compile for a first
-    prompt of any length."""
-    return (block_size_m(num_pairs, num_experts), num_pairs <= ALIGN_ONE_PROGRAM_MAX_PAIRS, num_pairs % 16 == 0,
-            grouped_mm_wanted(num_pairs, num_experts))
+    several, and whether the pair count is a multiple of 16 (Triton specializes integer arguments on it). A
+    warm-up that runs each variant once leaves nothing to compile for a first prompt of any length."""
+    return block_size_m(num_pairs, num_experts), num_pairs <= ALIGN_ONE_PROGRAM_MAX_PAIRS, num_pairs % 16 == 0
 
 
 def _default_config(block_m: int, device: torch.device) -> dict:
@@ -510,6 +492,19 @@ def fused_moe_pass(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
 def reduce_pairs(pairs: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
     """out[t] = sum of the token's top_k rows of `pairs`, summed in fp32."""
     return pairs.view(-1, top_k, pairs.shape[1]).sum(1, dtype=torch.float32).to(dtype)
+
+
+# Prompt chunks (many pairs an expert): PyTorch's grouped GEMM (CUTLASS, sm90, bf16) takes each expert's rows
+# unpadded, where the Triton kernel pads every run to its M tile of 128 (near-uniform routing at 2,048 tokens:
+# 128 +- 11 pairs an expert, about half a tile of padding each) and ran at 39% of the GEMM rate (journal 32c).
+# From this many pairs an expert on; None: never.
+GROUPED_MM_MIN_PAIRS_PER_EXPERT: int | None = None
+
+
+def use_grouped_mm(x: torch.Tensor, w13: torch.Tensor, num_pairs: int, num_slots: int) -> bool:
+    return (GROUPED_MM_MIN_PAIRS_PER_EXPERT is not None and num_pairs >= GROUPED_MM_MIN_PAIRS_PER_EXPERT * num_slots
+            and x.is_cuda and x.dtype == w13.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
+            and torch.cuda.get_device_capability(x.device)[0] >= 9)
 
 
 @triton.jit
