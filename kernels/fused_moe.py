@@ -507,39 +507,12 @@ def use_grouped_mm(x: torch.Tensor, w13: torch.Tensor, num_pairs: int, num_slots
             and torch.cuda.get_device_capability(x.device)[0] >= 9)
 
 
-@triton.jit
-def _silu_mul_kernel(Gate_up, Act, I, stride_in, stride_out, BLOCK: tl.constexpr):
-    """Grid (rows, cdiv(I, BLOCK)): Act[r] = silu(Gate_up[r, :I]) * Gate_up[r, I:], in fp32, rounded once."""
-    r = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < I
-    gate = tl.load(Gate_up + r * stride_in + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(Gate_up + r * stride_in + I + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(Act + r * stride_out + cols, (gate * tl.sigmoid(gate) * up).to(Act.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _unsort_sum_kernel(Sorted_rows, Position, Weights, Out, H, stride_rows, stride_out,
-                       TOP_K: tl.constexpr, BLOCK: tl.constexpr):
-    """Grid (T, cdiv(H, BLOCK)): Out[t] = sum over j of Weights[t, j] * Sorted_rows[Position[t * TOP_K + j]], in
-    fp32: a token's pairs gathered back from the expert-sorted order, weighted and summed in one pass."""
-    t = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < H
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        row = tl.load(Position + t * TOP_K + j).to(tl.int64)
-        w = tl.load(Weights + t * TOP_K + j).to(tl.float32)
-        acc += w * tl.load(Sorted_rows + row * stride_rows + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(Out + t.to(tl.int64) * stride_out + cols, acc.to(Out.dtype.element_ty), mask=mask)
-
-
-def grouped_mm_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                   topk_ids: torch.Tensor, slot_map: torch.Tensor | None = None,
-                   expert_counts: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """`fused_moe`'s output `[T, H]` through `torch._grouped_mm`: the pairs sorted by slot (every routed expert
-    must have one), the tokens gathered in that order, two grouped GEMMs over the slots' runs with SiLU-and-mul
-    between, then each token's pairs gathered back, weighted and summed. No host sync (CUDA graphs)."""
+def grouped_mm_pairs(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                     topk_ids: torch.Tensor, slot_map: torch.Tensor | None = None,
+                     expert_counts: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """`fused_moe`'s pairs `[T * top_k, H]` (routing weights applied) through `torch._grouped_mm`: the pairs
+    sorted by slot (every routed expert must have one), two grouped GEMMs over the slots' runs, the pairs put
+    back in their order. No host sync (CUDA graphs)."""
     T, H = x.shape
     top_k = topk_ids.shape[1]
     I = w2.shape[2]
@@ -549,18 +522,13 @@ def grouped_mm_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_we
         totals.index_add_(0, flat, pair_weights[: flat.numel()].to(totals.dtype))
     slots = flat if slot_map is None else slot_map[flat].long()
     order = torch.argsort(slots, stable=True)
-    position = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=x.device))
     runs = slots.new_zeros(w13.shape[0]).scatter_add_(0, slots, torch.ones_like(slots))  # bincount syncs on CUDA
     offs = torch.cumsum(runs, 0).to(torch.int32)
-    gate_up = torch._grouped_mm(x[order // top_k], w13.transpose(1, 2), offs=offs)
-    act = torch.empty(gate_up.shape[0], I, dtype=x.dtype, device=x.device)
-    _silu_mul_kernel[(act.shape[0], triton.cdiv(I, 1024))](gate_up, act, I, gate_up.stride(0), act.stride(0),
-                                                          BLOCK=1024, num_warps=4)
-    down = torch._grouped_mm(act, w2.transpose(1, 2), offs=offs)
-    out = torch.empty(T, H, dtype=x.dtype, device=x.device)
-    _unsort_sum_kernel[(T, triton.cdiv(H, 1024))](down, position, topk_weights.contiguous(), out, H, down.stride(0),
-                                                 out.stride(0), TOP_K=top_k, BLOCK=1024, num_warps=4)
-    return out
+    h = torch._grouped_mm(x[order // top_k], w13.transpose(1, 2), offs=offs)
+    y = torch._grouped_mm(F.silu(h[:, :I]) * h[:, I:], w2.transpose(1, 2), offs=offs)
+    pairs = torch.empty_like(y)
+    pairs[order] = y * topk_weights.reshape(-1)[order, None].to(y.dtype)
+    return pairs
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
@@ -571,15 +539,14 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     `slot_map [E]` maps experts to slots of the pools `w13 [S, 2I, H]`, `w2 [S, H, I]`; every
     routed expert must have a slot. None: the pools are the stacked experts (E == S).
     `expert_counts`: (totals [E], pair weights), `moe_align_block_size`'s `counts`. `reduce=False`: the pairs
-    `[T, top_k, H]` (routing weights applied) instead of their sum over top_k (`[T, 1, H]`, the sum, where the
-    grouped GEMM ran). `align`: the pairs' alignment
+    `[T, top_k, H]` (routing weights applied) instead of their sum over top_k. `align`: the pairs' alignment
     already made (`moe_route(align=True)`, which counted them too), else sorted here."""
     T, H = x.shape
     top_k = topk_ids.shape[1]
     num_experts = w13.shape[0] if slot_map is None else slot_map.shape[0]
-    if align is None and use_grouped_mm(x, w13, T * top_k, w13.shape[0]):  # summed already: one "pair" a token
-        out = grouped_mm_moe(x, w13, w2, topk_weights, topk_ids, slot_map, expert_counts)
-        return out if reduce else out.view(T, 1, H)
+    if align is None and use_grouped_mm(x, w13, T * top_k, w13.shape[0]):
+        pairs = grouped_mm_pairs(x, w13, w2, topk_weights, topk_ids, slot_map, expert_counts)
+        return reduce_pairs(pairs, top_k, x.dtype) if reduce else pairs.view(T, top_k, H)
     if align is None:
         align = moe_align_block_size(topk_ids, block_size_m(T * top_k, num_experts), num_experts, expert_counts)
     act = torch.empty(T * top_k, w2.shape[2], dtype=x.dtype, device=x.device)
