@@ -30,7 +30,6 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--decode", action="store_true", help="profile decode steps (no prompt chunk)")
     p.add_argument("--tile-rows", type=int, help="the tiles kernel's (token, head) rows (kernels.paged_attention)")
-    p.add_argument("--grouped-mm", type=int, help="kernels.fused_moe.GROUPED_MM_MIN_PAIRS_PER_EXPERT (0: never)")
     p.add_argument("--graphs", action="store_true", help="--batch 0: the chunk replays a graph")
     p.add_argument("--kv-format", default="fp16", help="as bench_engine.py's --kv-formats (ALR-KVD: graph pieces)")
     p.add_argument("--out")
@@ -38,9 +37,6 @@ def main() -> int:
     if a.tile_rows:
         import kernels.paged_attention as pa
         pa.TILE_ROWS = a.tile_rows
-    if a.grouped_mm is not None:
-        import kernels.fused_moe as fm
-        fm.GROUPED_MM_MIN_PAIRS_PER_EXPERT = a.grouped_mm or None
     graphs = bool(a.batch or a.graphs)  # mixed steps beside decodes always replay graphs
     engine = dummy_engine("qwen3-30b-a3b", a.kv_format, kv_budget_bytes=16 << 30, max_num_seqs=64,
                           cuda_graph_max_tokens=a.tokens if graphs else 0)

@@ -494,43 +494,6 @@ def reduce_pairs(pairs: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.T
     return pairs.view(-1, top_k, pairs.shape[1]).sum(1, dtype=torch.float32).to(dtype)
 
 
-# Prompt chunks (many pairs an expert): PyTorch's grouped GEMM (CUTLASS, sm90, bf16) takes each expert's rows
-# unpadded, where the Triton kernel pads every run to its M tile of 128 (near-uniform routing at 2,048 tokens:
-# 128 +- 11 pairs an expert, about half a tile of padding each) and ran at 39% of the GEMM rate (journal 32c).
-# From this many pairs an expert on; None: never.
-GROUPED_MM_MIN_PAIRS_PER_EXPERT: int | None = None
-
-
-def use_grouped_mm(x: torch.Tensor, w13: torch.Tensor, num_pairs: int, num_slots: int) -> bool:
-    return (GROUPED_MM_MIN_PAIRS_PER_EXPERT is not None and num_pairs >= GROUPED_MM_MIN_PAIRS_PER_EXPERT * num_slots
-            and x.is_cuda and x.dtype == w13.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
-            and torch.cuda.get_device_capability(x.device)[0] >= 9)
-
-
-def grouped_mm_pairs(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                     topk_ids: torch.Tensor, slot_map: torch.Tensor | None = None,
-                     expert_counts: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """`fused_moe`'s pairs `[T * top_k, H]` (routing weights applied) through `torch._grouped_mm`: the pairs
-    sorted by slot (every routed expert must have one), two grouped GEMMs over the slots' runs, the pairs put
-    back in their order. No host sync (CUDA graphs)."""
-    T, H = x.shape
-    top_k = topk_ids.shape[1]
-    I = w2.shape[2]
-    flat = topk_ids.reshape(-1).long()
-    if expert_counts is not None:
-        totals, pair_weights = expert_counts
-        totals.index_add_(0, flat, pair_weights[: flat.numel()].to(totals.dtype))
-    slots = flat if slot_map is None else slot_map[flat].long()
-    order = torch.argsort(slots, stable=True)
-    runs = slots.new_zeros(w13.shape[0]).scatter_add_(0, slots, torch.ones_like(slots))  # bincount syncs on CUDA
-    offs = torch.cumsum(runs, 0).to(torch.int32)
-    h = torch._grouped_mm(x[order // top_k], w13.transpose(1, 2), offs=offs)
-    y = torch._grouped_mm(F.silu(h[:, :I]) * h[:, I:], w2.transpose(1, 2), offs=offs)
-    pairs = torch.empty_like(y)
-    pairs[order] = y * topk_weights.reshape(-1)[order, None].to(y.dtype)
-    return pairs
-
-
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, slot_map: torch.Tensor | None = None,
               expert_counts: tuple[torch.Tensor, torch.Tensor] | None = None, reduce: bool = True,
@@ -544,9 +507,6 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     T, H = x.shape
     top_k = topk_ids.shape[1]
     num_experts = w13.shape[0] if slot_map is None else slot_map.shape[0]
-    if align is None and use_grouped_mm(x, w13, T * top_k, w13.shape[0]):
-        pairs = grouped_mm_pairs(x, w13, w2, topk_weights, topk_ids, slot_map, expert_counts)
-        return reduce_pairs(pairs, top_k, x.dtype) if reduce else pairs.view(T, top_k, H)
     if align is None:
         align = moe_align_block_size(topk_ids, block_size_m(T * top_k, num_experts), num_experts, expert_counts)
     act = torch.empty(T * top_k, w2.shape[2], dtype=x.dtype, device=x.device)

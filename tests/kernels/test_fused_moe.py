@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernels.fused_moe import (block_size_m, fused_moe, fused_moe_pass, fused_moe_ref,  # noqa: E402
-                               grouped_mm_pairs, moe_align_block_size, moe_align_ref, moe_route, reduce_pairs)
+                               moe_align_block_size, moe_align_ref, moe_route, reduce_pairs)
 from kernels.moe_reference import moe_route_ref  # noqa: E402
 
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
@@ -187,17 +187,3 @@ def test_passes_over_disjoint_slots_fill_every_pair():
         part[list(half)] = slot_map[list(half)]
         fused_moe_pass(x, w13, w2, weights, align, part, act, pairs)
     _check(reduce_pairs(pairs, k, x.dtype), fused_moe(x, w13, w2, weights, ids, slot_map), torch.float32)
-
-
-@pytest.mark.parametrize("slots", [None, 9])
-def test_grouped_gemm_pairs_equal_the_reference(slots):
-    """The prompt chunks' path (`torch._grouped_mm` over the pairs sorted by slot): the reference's output, the
-    routed tokens counted per expert, and no row left unwritten (an expert with no pairs: an empty run)."""
-    T, H, I, E, k = 11, 32, 16, 5, 2
-    x, w13, w2, weights, ids, slot_map = _case(T, H, I, E, k, torch.bfloat16, seed=5, num_slots=slots)
-    ids[ids == 4] = 3  # expert 4 has no pairs: an empty run
-    totals = torch.zeros(E, dtype=torch.float64, device=DEVICE)
-    pair_weights = torch.ones(T * k, device=DEVICE)
-    pairs = grouped_mm_pairs(x, w13, w2, weights, ids, slot_map, (totals, pair_weights))
-    _check(reduce_pairs(pairs, k, x.dtype), fused_moe_ref(x, w13, w2, weights, ids, slot_map), torch.bfloat16)
-    assert totals.tolist() == torch.bincount(ids.flatten().cpu(), minlength=E).double().tolist()
