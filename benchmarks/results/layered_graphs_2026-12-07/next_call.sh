@@ -1,8 +1,8 @@
 # The next call (not run: session 50's device time ran out; session 51 got one machine for 131 s, whose engine mix
 # found ALR-KVD's layered graphs asserting at capture, fixed in 2c66be3, journal 34b).
 # ALR-KVD's layered steps as graphs (journal 2026-12-07 33b): the CUDA tests; the engine mix, ALR-KVD with groups
-# of 8 against without (an arm a process); then served, one server after the other: ALR-KVD with groups of 8, ALR-KVD without, and the
-# default `fp16` model (groups of 8 since 33a). Prepare here:
+# of 8 against without (an arm a process); then served, one server after the other: ALR-KVD with groups of 8,
+# ALR-KVD without, and the default `fp16` model (groups of 8 since 33a). Prepare here:
 #   python -m server.dummy_repository --out reports/gpu_repository
 #   python -m server.dummy_repository --out reports/gpu_repository --name qwen3_30b_alrkvd --kv-format alrkvd-gpu
 #   python -m server.dummy_repository --out reports/gpu_repository --name qwen3_30b_alrkvd_layered8 \
