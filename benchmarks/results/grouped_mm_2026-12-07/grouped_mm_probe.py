@@ -1,4 +1,5 @@
-"""Probe: the fused Triton MoE against torch._grouped_mm (CUTLASS grouped GEMM, no padding) at prefill sizes,
+"""(Run at caf62c6, where kernels.fused_moe.grouped_mm_moe lived; reverted after, journal 2026-12-07 34a.)
+Probe: the fused Triton MoE against torch._grouped_mm (CUTLASS grouped GEMM, no padding) at prefill sizes,
 Qwen3-30B-A3B shape, uniform routing, CUDA-graph replays. Prints us per layer (both projections, everything)."""
 import sys
 import torch
