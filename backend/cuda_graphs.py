@@ -82,7 +82,7 @@ class StepGraphs:
         # 30B-A3B, journal 2026-12-07 32a); as graphs 14.5 ms beside 11.9 (33a). Their residual stream goes from
         # graph to graph in static buffers; windowed formats' chunks across blocks hold a run of window slots
         # (below) through all the groups, so of those only formats with runs (ALR-KVD) layer in graphs
-        layer_rows = max(layer_tokens or self.max_tokens, self.max_tokens) if layer_groups and self.max_tokens else 0
+        layer_rows = self.layer_rows(self.max_tokens, layer_groups, layer_tokens)
         if self.max_tokens:  # windowed formats: chunks across blocks in runs of window slots
             cache.add_window_runs(max(self.max_tokens, layer_rows))
         self.layer_groups = list(layer_groups) if layer_rows and (not cache.windowed or cache.window_runs) else []
@@ -209,6 +209,12 @@ class StepGraphs:
         graphs would read a long compressed history through the decode kernel for each row (as `run`, past
         `GRAPH_MAX_HISTORY_READS`; such a chunk goes into a mixed step, whose attention then runs eagerly)."""
         return not self.layer_groups or rows * self.cache.closed_history(seq) <= GRAPH_MAX_HISTORY_READS
+
+    @staticmethod
+    def layer_rows(max_tokens: int, layer_groups, layer_tokens: int) -> int:
+        """The most rows of a layered group's graph: `layer_tokens` (at least, and by default, `max_tokens`, the
+        mixed graphs' rows); 0 without groups or graphs of prompt rows. (The engine sizes the decode kernels by it.)"""
+        return max(layer_tokens or max_tokens, max_tokens) if layer_groups and max_tokens else 0
 
     def _rows(self, positions: list[int], size: int, batch: AttentionBatch, mixed: bool):
         """The step's positions and, in a step with prompt rows, which of its `size` rows are its own; the padding

@@ -274,10 +274,10 @@ class LLMEngine:
         self.cache = None  # free the old pool before allocating the new one
         graph_tokens = min(a.cuda_graph_max_tokens, a.max_num_batched_tokens)
         # rows the decode kernels take in one launch: a mixed graph's, or a layered group's graph (a whole chunk)
-        query_rows = max(graph_tokens, a.max_num_batched_tokens if graph_tokens and self.layer_groups() else 0)
+        layer_rows = StepGraphs.layer_rows(graph_tokens, self.layer_groups(), a.max_num_batched_tokens)
         self.cache = PagedKVCache(self.cfg, self.model.rotary, kv_format, a.kv_options, budget_bytes, max_num_seqs,
                                   self.model.embed_tokens.weight.dtype, a.device, a.attention_backend,
-                                  a.kv_compress_stream, max_query_rows=query_rows,
+                                  a.kv_compress_stream, max_query_rows=max(graph_tokens, layer_rows),
                                   prefix_caching=a.enable_prefix_caching)
         self.model.rotate_values(self.cache.value_rotation)  # the values this cache stores: V, or V R
         self.graphs = None  # graphs hold the old cache's tensors: captured anew for this one
