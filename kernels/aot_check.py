@@ -86,10 +86,7 @@ def main() -> None:
               MIN_TILES=paged_attention.MIN_TOKENS_PER_SPLIT // paged_attention._DEFAULT_STAGE1["BLOCK_N"]),
          {k: v for k, v in paged_attention._DEFAULT_STAGE1.items() if k != "BLOCK_N"}),
         ("decode reduce (D=128)", paged_attention._decode_reduce_stage2, dict(Mid_o="fp32", Mid_lse="fp32", Out="fp16"),
-         set(), dict(BLOCK_H=paged_attention.REDUCE_HEADS, BLOCK_D=128, HEAD_DIM=128,
-                     CHUNK=paged_attention.merge_chunk(paged_attention.REDUCE_HEADS, 128,
-                                                       paged_attention.REDUCE_WARPS, 64)),
-         dict(num_warps=paged_attention.REDUCE_WARPS)),
+         set(), dict(BLOCK_P=16, HEAD_DIM=128, BLOCK_D=128), dict(num_warps=1)),
     ] + [
         (f"alrkvd stage 1 (rank<={r}{', rotated keys' if rot else ''}, {c['num_warps']} warps, tile {c['BLOCK_N']})",
          alrkvd_attention._alrkvd_decode_stage1, alr_ptrs, {"qk_scale"},

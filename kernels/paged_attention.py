@@ -41,9 +41,6 @@ _DEFAULT_STAGE1 = {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2}  # sm_90: 59 
 # a tuned config may set its own MIN_TOKENS_PER_SPLIT).
 MIN_TOKENS_PER_SPLIT = 256
 MAX_SPLITS = 64
-# Stage 2 (`decode_reduce`): query heads a program merges, and its warps
-REDUCE_HEADS = 4
-REDUCE_WARPS = 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -90,49 +87,40 @@ def store_partial(Mid_o_row, Mid_lse_row, acc, m_i, l_i, heads, offs_d, mask_g, 
 
 
 @triton.jit
-def merge_partials(Mid_lse_rows, Mid_o_rows, Out_rows, num_partials, mask_g, offs_d, mask_d, stride_mos,
-                   BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr):
-    """out[h] = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max) over the first `num_partials` partials of
-    BLOCK_G heads (Mid_lse_rows [BLOCK_G], Mid_o_rows [BLOCK_G, BLOCK_D]: the heads' rows; Out_rows alike). One
-    pass with a running max (as stage 1's softmax), CHUNK partials a step: each step's lse and partial outputs
-    load together, one round trip to L2 a step. A partial whose lse is -inf (no keys) is not read: it may be
-    unwritten. Loads skip L1 (.cg): other programs wrote them."""
-    offs_c = tl.arange(0, CHUNK)
-    m = tl.full([BLOCK_G], -1e30, dtype=tl.float32)  # finite: a head with nothing cached gets weights 0
-    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    denom = tl.zeros([BLOCK_G], dtype=tl.float32)
-    for p0 in range(0, num_partials, CHUNK):
-        mask_p = mask_g[:, None] & (p0 + offs_c < num_partials)[None, :]
-        lse = tl.load(Mid_lse_rows[:, None] + p0 + offs_c[None, :], mask=mask_p, other=float("-inf"),
-                      cache_modifier=".cg")
-        keyed = mask_p & (lse > float("-inf"))
-        o = tl.load(Mid_o_rows[:, None, :] + (p0 + offs_c)[None, :, None] * stride_mos,
-                    mask=keyed[:, :, None] & mask_d[None, None, :], other=0.0, cache_modifier=".cg")
-        m_new = tl.maximum(m, tl.max(lse, 1))
-        alpha = tl.exp2(m - m_new)
-        w = tl.exp2(lse - m_new[:, None])  # [BLOCK_G, CHUNK]
-        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o, 1)
-        denom = denom * alpha + tl.sum(w, 1)
-        m = m_new
-    # denom >= 1 when anything is cached (the largest weight is 1); 1 keeps an empty head at 0, not NaN
-    tl.store(Out_rows, acc / tl.maximum(denom, 1.0)[:, None], mask=mask_g[:, None] & mask_d[None, :])
-
-
-@triton.jit
 def merge_if_last(Ticket, num_programs, num_partials, Mid_o_row, Mid_lse_row, Out_row, heads, mask_g, offs_d,
                   mask_d, stride_moh, stride_mos, stride_mlh, stride_oh, BLOCK_G: tl.constexpr,
                   BLOCK_D: tl.constexpr, CHUNK: tl.constexpr):
     """Stage 2 inside stage 1: the last of a (sequence, kv head)'s `num_programs` programs to finish merges the
-    first `num_partials` partials into `Out` (`merge_partials`) and sets the ticket back to 0 for the next call.
-    Saves the second kernel: 19.5 -> 18.6 us for ALR-KVD at B=1 L=4k on the H200 (BENCHMARKS.md 2e). The
-    barrier and the acquire-release ticket order every thread's partial before the merge's reads. Mid_o_row,
-    Mid_lse_row, Out_row: this sequence's rows. CHUNK: partials per step (`merge_chunk`)."""
+    first `num_partials` partials into `Out`, out[h] = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max),
+    and sets the ticket back to 0 for the next call. Saves the second kernel: 19.5 -> 18.6 us for ALR-KVD at
+    B=1 L=4k on the H200 (BENCHMARKS.md 2e). One pass over the partials with a running max (as stage 1's
+    softmax): each step's lse and partial outputs load together, one round trip to L2 a step instead of two.
+    The barrier and the acquire-release ticket order every thread's partial before the merge's reads, which
+    skip L1 (.cg): other SMs wrote them. Mid_o_row, Mid_lse_row, Out_row: this sequence's rows. CHUNK:
+    partials per step (`merge_chunk`)."""
     tl.debug_barrier()
     ticket = tl.atomic_add(Ticket, 1, sem="acq_rel", scope="gpu")
     if ticket == num_programs - 1:
-        merge_partials(Mid_lse_row + heads * stride_mlh, Mid_o_row + heads[:, None] * stride_moh + offs_d[None, :],
-                       Out_row + heads[:, None] * stride_oh + offs_d[None, :], num_partials, mask_g, offs_d,
-                       mask_d, stride_mos, BLOCK_G, BLOCK_D, CHUNK)
+        offs_c = tl.arange(0, CHUNK)
+        lse_rows = Mid_lse_row + heads[:, None] * stride_mlh
+        o_rows = Mid_o_row + heads[:, None, None] * stride_moh + offs_d[None, None, :]
+        m = tl.full([BLOCK_G], -1e30, dtype=tl.float32)  # finite: a head with nothing cached gets weights 0
+        acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+        denom = tl.zeros([BLOCK_G], dtype=tl.float32)
+        for p0 in range(0, num_partials, CHUNK):
+            mask_p = mask_g[:, None] & (p0 + offs_c < num_partials)[None, :]
+            lse = tl.load(lse_rows + p0 + offs_c[None, :], mask=mask_p, other=float("-inf"), cache_modifier=".cg")
+            o = tl.load(o_rows + (p0 + offs_c)[None, :, None] * stride_mos,
+                        mask=mask_p[:, :, None] & mask_d[None, None, :], other=0.0, cache_modifier=".cg")
+            m_new = tl.maximum(m, tl.max(lse, 1))
+            alpha = tl.exp2(m - m_new)
+            w = tl.exp2(lse - m_new[:, None])  # [BLOCK_G, CHUNK]
+            acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o, 1)
+            denom = denom * alpha + tl.sum(w, 1)
+            m = m_new
+        # denom >= 1 when anything is cached (the largest weight is 1); 1 keeps an empty head at 0, not NaN
+        tl.store(Out_row + heads[:, None] * stride_oh + offs_d[None, :], acc / tl.maximum(denom, 1.0)[:, None],
+                 mask=mask_g[:, None] & mask_d[None, :])
         tl.atomic_xchg(Ticket, 0)
 
 
@@ -242,28 +230,43 @@ def _paged_decode_stage1(
 # ----------------------------------------------------------------------------------------------
 @triton.jit
 def _decode_reduce_stage2(
+    # Pointers to tensors
     Mid_o, Mid_lse, Out,
-    num_partials, num_q_heads,
+    # Sizes
+    num_partials,
+    # Strides
     stride_mob, stride_moh, stride_mos,
     stride_mlb, stride_mlh,
     stride_ob, stride_oh,
-    BLOCK_H: tl.constexpr,  # query heads a program merges
-    BLOCK_D: tl.constexpr,
+    # Meta-parameters
+    BLOCK_P: tl.constexpr,  # num_partials padded to a power of two
     HEAD_DIM: tl.constexpr,
-    CHUNK: tl.constexpr,  # partials a step (`merge_chunk`)
+    BLOCK_D: tl.constexpr,
 ):
-    """Grid (B, cdiv(num_q_heads, BLOCK_H)): row b's heads merged by `merge_partials`. Heads in blocks and
-    partials in chunks keep many loads in flight: a program a (row, head) looping over the partials one by one
-    took 2.0 ms for a 2,048-token chunk's rows on the H100 (journal 2026-12-07 32c), bound by load latency."""
+    """Grid (B, num_q_heads). out[b, h] = sum_s w_s mid_o[b, h, s] / sum_s w_s, w_s = 2^(lse_s - max); the
+    values of partials whose lse is -inf are not read."""
     pid_b = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    pid_h = tl.program_id(1).to(tl.int64)
+    offs_p = tl.arange(0, BLOCK_P)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_g = heads < num_q_heads
     mask_d = offs_d < HEAD_DIM
-    merge_partials(Mid_lse + pid_b * stride_mlb + heads * stride_mlh,
-                   Mid_o + pid_b * stride_mob + heads[:, None] * stride_moh + offs_d[None, :],
-                   Out + pid_b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
-                   num_partials, mask_g, offs_d, mask_d, stride_mos, BLOCK_H, BLOCK_D, CHUNK)
+
+    lse_row = Mid_lse + pid_b * stride_mlb + pid_h * stride_mlh
+    lse = tl.load(lse_row + offs_p, mask=offs_p < num_partials, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # nothing cached at all: output zeros, not NaN
+
+    o_row = Mid_o + pid_b * stride_mob + pid_h * stride_moh
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    denom = 0.0
+    for p in range(num_partials):
+        lse_p = tl.load(lse_row + p)
+        if lse_p > float("-inf"):  # a partial without keys may leave its values unwritten: not read
+            w = tl.exp2(lse_p - m)
+            acc += w * tl.load(o_row + p * stride_mos + offs_d, mask=mask_d, other=0.0)
+            denom += w
+    denom = tl.where(denom > 0, denom, 1.0)
+    tl.store(Out + pid_b * stride_ob + pid_h * stride_oh + offs_d, acc / denom, mask=mask_d)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -373,16 +376,15 @@ def decode_reduce(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor)
     assert mid_lse.shape == (batch, num_q_heads, num_partials)
     assert out.shape == (batch, num_q_heads, head_dim) and out.stride(-1) == 1
     assert mid_o.stride(-1) == 1 and mid_lse.stride(-1) == 1
-    block_h = min(triton.next_power_of_2(num_q_heads), REDUCE_HEADS)
-    _decode_reduce_stage2[(batch, triton.cdiv(num_q_heads, block_h))](
+    _decode_reduce_stage2[(batch, num_q_heads)](
         mid_o, mid_lse, out,
-        num_partials, num_q_heads,
+        num_partials,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
-        BLOCK_H=block_h, BLOCK_D=triton.next_power_of_2(head_dim), HEAD_DIM=head_dim,
-        CHUNK=merge_chunk(block_h, head_dim, REDUCE_WARPS, 64),
-        num_warps=REDUCE_WARPS,
+        BLOCK_P=triton.next_power_of_2(num_partials),
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        num_warps=1 if head_dim <= 128 else 2,
     )
     return out
 
