@@ -138,7 +138,7 @@ class StepGraphs:
             # windowed formats: the attention eager (graph pieces, or the whole step) for a chunk across blocks that
             # no run holds, or prompt rows over long compressed histories (the history rebuilt once, flash attention)
             limit = self.cache.mixed_chunk_limit
-            eager_attention = (any(n > limit(s) for s, n in zip(batch.seqs, batch.query_lens))
+            eager_attention = (any(n > limit(s, taking=False) for s, n in zip(batch.seqs, batch.query_lens))
                                or self.cache.history_reads(batch) > GRAPH_MAX_HISTORY_READS)
             if T > self.max_tokens or (eager_attention and not self.piecewise):
                 return None

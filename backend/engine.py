@@ -407,6 +407,9 @@ class LLMEngine:
         # a layered step carries a group of its chunks' layers: the chunks may be that many steps' tokens
         layered_budget = self.args.max_num_batched_tokens
         in_graph = bool(scheduled) and self.graphs is not None and self.graphs.max_tokens > 0
+        # without decodes a step's chunks are not cut to a graph, but one that fits a run of window slots takes it,
+        # so that a step a mixed graph holds replays it (a chunk across blocks with no run attends eagerly)
+        prompts_alone = not scheduled and self.graphs is not None and self.graphs.max_tokens > 0
         if in_graph:  # beside decodes: a step a graph holds
             budget = max(0, min(budget, self.graphs.max_tokens - len(scheduled)))
         if self.step_cost is not None:
@@ -456,7 +459,7 @@ class LLMEngine:
                 self.running.append(seq)
                 self.prefix_cache_hit_tokens += cached
             self.cache.allocate(seq.kv, n)
-            if graph_rows:
+            if graph_rows or prompts_alone:
                 self.cache.take_run(seq.kv, n)  # (a chunk across its block's end: a run of window slots)
             if layered:  # after the decodes' step, a group of layers a step
                 layered_chunks.append((seq, n))

@@ -282,7 +282,7 @@ class PagedKVCache:
     # ---- window runs: a prompt chunk across blocks in one graph step ----------------------------------------
     def add_window_runs(self, rows: int, runs: int = 2):
         """Room for `runs` prompt chunks of up to `rows` rows across blocks in a step that reads every row as a
-        decode (CUDA graphs with decodes beside): each a run of consecutive window slots, one per block the chunk
+        decode (CUDA graphs): each a run of consecutive window slots, one per block the chunk
         touches, which the decode kernel reads as one window after the row's closed blocks (its `closed`). For
         windowed formats whose decode kernel takes `closed` (ALR-KVD). The slots come on top of the budget (two runs
         of five slots: 31 MB for Qwen3-30B-A3B's 48 layers) and count in `allocated_bytes`."""
@@ -589,13 +589,14 @@ class PagedKVCache:
             return self.decode_kernel is not None and self.window_attn is None and not self.sink_tokens
         return self.tiles_kernel is not None
 
-    def mixed_chunk_limit(self, seq: SeqKV) -> int:
+    def mixed_chunk_limit(self, seq: SeqKV, taking: bool = True) -> int:
         """The most prompt tokens of `seq` such a step takes: a windowed format holds a sequence's newest block
         in its window slot, so the chunk ends where that block does (it closes at commit), or where the run of
-        slots it holds or can take does (`take_run`)."""
+        slots it holds or, `taking` (the scheduler, before `take_run`), can take does. A step's runner asks with
+        `taking=False`: a chunk that took no run (a step without decodes takes none) must end in its block."""
         if not self.windowed:
             return 1 << 30
-        free = len(self._runs) < len(self.window_runs)
+        free = taking and len(self._runs) < len(self.window_runs)
         blocks = self.run_blocks if id(seq) in self._runs or free else 1
         return blocks * self.block_size - seq.num_tokens % self.block_size
 

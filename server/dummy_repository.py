@@ -38,11 +38,12 @@ SHAPES = {
 
 # Beside decodes, prompt chunks go through the layers in groups of 8, a group a step: served on the H100 (three
 # calls, 2026-12-07) the 8-user inter-token p99 was 1.50-2.05x its p50 against 2.30-2.35x without, first tokens
-# 122-131 ms. Only with the cache whose layered steps were timed as CUDA graphs, fp16 (not int8, which has no
-# kernels, nor the windowed ALR-KVD and KIVI, served eagerly 3.75x; ALR-KVD's as graphs since journal 33b, not
-# timed) and with every expert resident (streamed experts do not layer).
+# 122-131 ms; ALR-KVD's (its layered steps as graphs since journal 33b; two calls, 35b) 1.54-1.61x against 2.57x,
+# first tokens 130-133 ms against 44, 942-972 tok/s at 32 users against 995. Only with the caches whose layered steps
+# were timed as CUDA graphs (not int8, which has no kernels, nor KIVI, served eagerly) and with every expert resident
+# (streamed experts do not layer).
 LAYERED_PREFILL = 8
-LAYERED_FORMATS = ("fp16",)
+LAYERED_FORMATS = ("fp16", "alrkvd")
 
 
 def default_layered_prefill(kv_format: str | None, streamed_experts: bool) -> int:

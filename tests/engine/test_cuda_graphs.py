@@ -169,10 +169,10 @@ def layered_engine(tmp_path, max_num_batched_tokens: int, kv_format: str = "fp16
                       layered_prefill=groups, max_num_batched_tokens=max_num_batched_tokens)
 
 
-def graph_layered_steps(engine: LLMEngine) -> list[tuple[int, int]]:
-    """Give `engine` graphs (decodes of up to 2, mixed steps of up to 16 rows, layer groups up to its step budget),
-    captured now. Returns the list that takes each layered step's (first layer, rows) from then on."""
-    engine.graphs = StepGraphs(engine.model, engine.cache, 2, engine.max_model_len, max_tokens=16,
+def graph_layered_steps(engine: LLMEngine, max_tokens: int = 16) -> list[tuple[int, int]]:
+    """Give `engine` graphs (decodes of up to 2, mixed steps of up to `max_tokens` rows, layer groups up to its step
+    budget), captured now. Returns the list that takes each layered step's (first layer, rows) from then on."""
+    engine.graphs = StepGraphs(engine.model, engine.cache, 2, engine.max_model_len, max_tokens=max_tokens,
                                capture=DEVICE == "cuda", layer_groups=engine.layer_groups(),
                                layer_tokens=engine.args.max_num_batched_tokens)
     engine.graphs.capture_all()
@@ -269,14 +269,20 @@ def test_alrkvd_layered_chunks_across_blocks_hold_a_run_through_the_groups(tmp_p
     """ALR-KVD (a sequence's newest block in a window slot), layered prefill beside decodes as graphs: a chunk
     across blocks takes a run of window slots and keeps it from its first group of layers to its last, across the
     decodes' steps between (each group writes its layers' keys and values there; the commit after the last group
-    compresses the blocks it filled, every layer's). Tokens and plans are the eager engine's (where each layer
-    writes and compresses as it goes); every block and window slot comes back."""
+    compresses the blocks it filled, every layer's). The plans are the eager engine's (where each layer writes and
+    compresses as it goes); the tokens those of graphs without layering whose mixed steps hold every chunk beside
+    decodes, so that each prompt's rows take one attention path in both runs (the decode kernel where the layered
+    run's groups are graphs: the eager engine's flash rounds otherwise, and a random model's near ties flip on CUDA,
+    journal 2026-12-07 34b); every block and window slot comes back."""
     engine = layered_engine(tmp_path, max_num_batched_tokens=128, kv_format="alrkvd")
     bs = engine.cache.block_size
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (bs - 4, bs + 3, 2 * bs + 7, bs + 20)]
-    expected, eager_plans = generate_with_arrivals(engine, prompts, bs + 4, arrivals=(2, 4))
-    taken = graph_layered_steps(engine)
+    _, eager_plans = generate_with_arrivals(engine, prompts, bs + 4, arrivals=(2, 4))
+    unlayered = layered_engine(tmp_path, max_num_batched_tokens=128, kv_format="alrkvd", groups=1)
+    graph_layered_steps(unlayered, max_tokens=128)
+    expected, _ = generate_with_arrivals(unlayered, prompts, bs + 4, arrivals=(2, 4))
+    taken = graph_layered_steps(engine, max_tokens=128)
     cache, runs = engine.cache, []
     take_run = cache.take_run
 
@@ -287,8 +293,8 @@ def test_alrkvd_layered_chunks_across_blocks_hold_a_run_through_the_groups(tmp_p
 
     cache.take_run = recorded
     assert generate_with_arrivals(engine, prompts, bs + 4, arrivals=(2, 4)) == (expected, eager_plans)
-    assert sorted(n for n, _ in runs) == [bs + 20, 2 * bs + 7] and sorted(set(taken)) == [
-        (first, n) for first in (0, 2) for n in (bs + 20, 2 * bs + 7)]  # (the two arrivals, each its groups)
+    assert sorted(n for n, _ in runs) == [bs + 3, bs + 20, 2 * bs + 7]  # (the first two's step too: a graph's)
+    assert sorted(set(taken)) == [(first, n) for first in (0, 2) for n in (bs + 20, 2 * bs + 7)]  # (the arrivals)
     assert cache.allocator.num_free == cache.allocator.num_blocks and len(cache.free_slots) == engine.args.max_num_seqs
 
 
@@ -381,6 +387,47 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format, piecewi
     across = piecewise or kv_format == "alrkvd"  # and ones with a chunk across blocks (pieces, or a run)
     assert any(within) and all(within) != across
     assert any((start + n) % bs == 0 for p in mixed for start, n in p)  # and rows that close their block
+    cache = engine.cache
+    assert cache.allocator.num_free == cache.allocator.num_blocks and len(cache.free_slots) == engine.args.max_num_seqs
+
+
+def test_prompts_across_blocks_without_decodes_beside_take_runs(tmp_path):
+    """ALR-KVD, steps of prompts alone: a chunk across its block's end that fits a run of window slots takes one, so
+    a step a mixed graph holds replays it; one that is longer than a run, or a step larger than the graphs, attends
+    eagerly (its chunks keep their runs). A step once replayed the graph without a run: the rows past the block
+    wrote over the block's window slot, and the first token's logits moved by 2.4. Tokens as the engine's without
+    graphs; every block and window slot comes back."""
+    engine = engine_for(tmp_path, dict(QWEN3_MOE, num_hidden_layers=4, num_experts=16), "alrkvd")
+    bs = engine.cache.block_size
+    g = torch.Generator().manual_seed(7)
+    groups = [(bs + 3,), (bs - 4, 2 * bs), (2 * bs, 3 * bs), (5 * bs + 1,)]  # prompts that start together
+    prompts = [[torch.randint(0, 512, (n,), generator=g).tolist() for n in lens] for lens in groups]
+
+    def generate():
+        return [generate_with_arrivals(engine, p, 4, arrivals=())[0] for p in prompts]
+
+    expected = generate()
+    engine.graphs = graphs = StepGraphs(engine.model, engine.cache, 2, engine.max_model_len, max_tokens=4 * bs,
+                                        capture=DEVICE == "cuda")
+    graphs.capture_all()
+    assert engine.cache.run_blocks * bs == 5 * bs  # (a run holds the graph's 4 blocks of rows from any offset)
+    run, take_run, prompt_steps, runs = graphs.run, engine.cache.take_run, [], []
+
+    def recorded(tokens, positions, batch):  # whether each step of prompts went to a graph
+        hidden = run(tokens, positions, batch)
+        if max(batch.query_lens) > 1:
+            prompt_steps.append(hidden is not None)
+        return hidden
+
+    def recorded_run(seq, n):
+        take_run(seq, n)
+        runs.append((n, id(seq) in engine.cache._runs))
+
+    graphs.run, engine.cache.take_run = recorded, recorded_run
+    assert generate() == expected
+    assert prompt_steps == [True, True, False, False]  # (160 rows: more than a graph's 128; a prompt of 161 alone)
+    assert runs == [(bs + 3, True), (bs - 4, False), (2 * bs, True), (2 * bs, True), (3 * bs, True),
+                    (5 * bs + 1, False)]
     cache = engine.cache
     assert cache.allocator.num_free == cache.allocator.num_blocks and len(cache.free_slots) == engine.args.max_num_seqs
 

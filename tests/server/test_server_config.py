@@ -133,14 +133,14 @@ def test_dummy_repository_streams_experts_on_request(tmp_path, monkeypatch):
     assert args.layered_prefill == 0  # streamed experts do not layer
 
 
-@pytest.mark.parametrize("flags, layered", [([], 8), (["--kv-format", "alrkvd-gpu"], 0), (["--kv-format", "kivi2"], 0),
+@pytest.mark.parametrize("flags, layered", [([], 8), (["--kv-format", "alrkvd-gpu"], 8), (["--kv-format", "kivi2"], 0),
                                             (["--kv-format", "int8"], 0), (["--kv-format", "full"], 0),
                                             (["--kv-format", "alrkvd-gpu", "--layered-prefill", "4"], 4),
                                             (["--layered-prefill", "0"], 0)])
 def test_dummy_repository_layers_prefill_where_its_steps_are_graphs(tmp_path, monkeypatch, flags, layered):
     """The load-test models layer prompt chunks beside decodes (groups of 8) by default with the caches whose layered
-    steps were timed as graphs (the GPU config's fp16), not with the others (int8: no kernels; the windowed formats:
-    not timed as graphs); the flag wins."""
+    steps were timed as graphs (the GPU config's fp16, ALR-KVD), not with the others (int8: no kernels; KIVI: not
+    timed as graphs); the flag wins."""
     from backend.engine import EngineArgs
     from server import dummy_repository
 

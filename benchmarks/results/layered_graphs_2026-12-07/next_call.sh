@@ -1,3 +1,4 @@
+# Run in session 52 (journal 2026-12-07 35b) in three calls: call4_h100 (tests, mix), call5_h100 and call6_h100 (served).
 # The next call (not run: session 50's device time ran out; session 51 got one machine for 131 s, whose engine mix
 # found ALR-KVD's layered graphs asserting at capture, fixed in 2c66be3, journal 34b).
 # ALR-KVD's layered steps as graphs (journal 2026-12-07 33b): the CUDA tests; the engine mix, ALR-KVD with groups
