@@ -292,7 +292,13 @@ def test_alrkvd_layered_chunks_across_blocks_hold_a_run_through_the_groups(tmp_p
             runs.append((n, cache._runs[id(seq)]))
 
     cache.take_run = recorded
-    assert generate_with_arrivals(engine, prompts, bs + 4, arrivals=(2, 4)) == (expected, eager_plans)
+    tokens, plans = generate_with_arrivals(engine, prompts, bs + 4, arrivals=(2, 4))
+    assert plans == eager_plans
+    # on CUDA the layered groups' kernel launches differ from the mixed steps' (rows, splits) and round apart: a
+    # random model's near ties parted the layered prompts at their 11th and 23rd tokens (H100, journal 35b), where a
+    # fault in their runs moves the first token's logits by 2.4
+    keep = None if DEVICE == "cpu" else 4
+    assert [t[:keep] for t in tokens] == [t[:keep] for t in expected]
     assert sorted(n for n, _ in runs) == [bs + 3, bs + 20, 2 * bs + 7]  # (the first two's step too: a graph's)
     assert sorted(set(taken)) == [(first, n) for first in (0, 2) for n in (bs + 20, 2 * bs + 7)]  # (the arrivals)
     assert cache.allocator.num_free == cache.allocator.num_blocks and len(cache.free_slots) == engine.args.max_num_seqs
