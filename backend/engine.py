@@ -406,10 +406,11 @@ class LLMEngine:
         budget = self.args.max_num_batched_tokens - len(scheduled)
         # a layered step carries a group of its chunks' layers: the chunks may be that many steps' tokens
         layered_budget = self.args.max_num_batched_tokens
-        in_graph = bool(scheduled) and self.graphs is not None and self.graphs.max_tokens > 0
+        mixed_graphs = self.graphs is not None and self.graphs.max_tokens > 0
+        in_graph = bool(scheduled) and mixed_graphs
         # without decodes a step's chunks are not cut to a graph, but one that fits a run of window slots takes it,
         # so that a step a mixed graph holds replays it (a chunk across blocks with no run attends eagerly)
-        prompts_alone = not scheduled and self.graphs is not None and self.graphs.max_tokens > 0
+        prompts_alone = not scheduled and mixed_graphs
         if in_graph:  # beside decodes: a step a graph holds
             budget = max(0, min(budget, self.graphs.max_tokens - len(scheduled)))
         if self.step_cost is not None:

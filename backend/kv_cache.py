@@ -282,10 +282,10 @@ class PagedKVCache:
     # ---- window runs: a prompt chunk across blocks in one graph step ----------------------------------------
     def add_window_runs(self, rows: int, runs: int = 2):
         """Room for `runs` prompt chunks of up to `rows` rows across blocks in a step that reads every row as a
-        decode (CUDA graphs): each a run of consecutive window slots, one per block the chunk
-        touches, which the decode kernel reads as one window after the row's closed blocks (its `closed`). For
-        windowed formats whose decode kernel takes `closed` (ALR-KVD). The slots come on top of the budget (two runs
-        of five slots: 31 MB for Qwen3-30B-A3B's 48 layers) and count in `allocated_bytes`."""
+        decode (CUDA graphs): each a run of consecutive window slots, one per block the chunk touches, which the
+        decode kernel reads as one window after the row's closed blocks (its `closed`). For windowed formats whose
+        decode kernel takes `closed` (ALR-KVD). The slots come on top of the budget (two runs of five slots: 31 MB
+        for Qwen3-30B-A3B's 48 layers) and count in `allocated_bytes`."""
         blocks = -(-(rows - 1) // self.block_size) + 1
         if (not self.windowed or self.decode_kernel is None or blocks <= 1 or len(self.window_runs) >= runs
                 or "closed" not in inspect.signature(self.decode_kernel).parameters):

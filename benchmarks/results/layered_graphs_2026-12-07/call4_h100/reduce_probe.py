@@ -1,3 +1,5 @@
+# Ran at f1719f9 (the blocked stage 2, reverted in 67743ae) with .probe/old_paged_attention.py a copy of
+# kernels/paged_attention.py at cbf3825 (= main after the revert): `git show cbf3825:kernels/paged_attention.py`.
 """Stage 2 (decode_reduce) alone: HEAD's one program a (row, head) against the blocked merge, at the partial
 shapes of a 2,048-token chunk's tiles launch (8 splits, the first one or two keyed) and of decode rows."""
 import sys

@@ -1,3 +1,5 @@
+# Ran at f1719f9 (the blocked stage 2, reverted in 67743ae) with .probe/old_paged_attention.py a copy of
+# kernels/paged_attention.py at cbf3825 (= main after the revert): `git show cbf3825:kernels/paged_attention.py`.
 """The tiles launch (stage 1 + stage 2) at prefill and decode-row shapes: HEAD before the blocked stage 2 (old), the
 tree, and the tree with query tiles of 128 (token, head) rows instead of 64; Qwen3-30B-A3B's heads (32 q, 4 kv)."""
 import sys, torch, triton
