@@ -121,9 +121,12 @@ MANY_PAIRS = 64
 # warps 9.48, 16 rows a tile 21.3, 4 rows 7.15); a 248-token chunk after 4,096 beside 8 decodes 0.39 against 0.44.
 # Rebuilding the history and flash attention over it took 0.85 and 0.37 ms: long histories go eager
 # (backend/cuda_graphs.py `GRAPH_MAX_HISTORY_READS`).
-# Its splits: `tile_num_splits`, of at least MIN_TOKENS_PER_SPLIT keys.
+# Its splits: `tile_num_splits`, of at least MIN_TOKENS_PER_SPLIT keys of the block table's width (a graph's shapes
+# only), so most are empty in a short mix, and empty programs of this 255-register build still take SM slots in
+# waves. One layer of the served mix's step (H100, 31 decodes and a 225-token chunk, GPU time in a graph, journal
+# 2026-12-07 36a): at 256 tokens 104 us, 1,024 71, 2,048 65; histories of 4,096: 724, 571, 546; `fp16` 34 and 146.
 _TILES_STAGE1 = {"TILE_Q": 8, "BLOCK_N": 64, "WINDOW_N": 64, "num_warps": 4, "num_stages": 2,
-                 "MIN_TOKENS_PER_SPLIT": 256}
+                 "MIN_TOKENS_PER_SPLIT": 2048}
 
 # The ALRKVDFormat options this kernel reads (and group = head_dim); other options take the PyTorch path. It reads
 # key_frame=post_rope too (low-rank keys before RoPE, rotated per token in the loop): 1.16-1.39x slower on the H200

@@ -171,11 +171,12 @@ def test_a_window_across_slots_after_the_rows_closed_blocks():
 
 
 @pytest.mark.parametrize("group,T", [(3, 32), (8, 32), (8, 128)])
-def test_a_prompt_chunk_in_tiles_of_rows_each_causal(group, T):
+def test_a_prompt_chunk_in_tiles_of_rows_each_causal(group, T, monkeypatch):
     # a prompt chunk's 45 rows after 2 compressed blocks, its tokens in a run of two window slots, read in tiles of
     # up to 8 rows (one program reads each compressed tile for the tile's rows), beside a decode row of another
     # sequence and an unused tile: each row sees the tokens before its own length (a tile's rows differ), as the
-    # reference reads them row by row
+    # reference reads them row by row; splits of a block, so that the rows' blocks take both splits
+    monkeypatch.setitem(alrkvd_mod._TILES_STAGE1, "MIN_TOKENS_PER_SPLIT", T)
     gen = torch.Generator().manual_seed(19)
     H, D, n = 2, 64, 45  # blocks of T: 128, a block wider than the launch's tile of keys
     kv = lambda m, **kw: random_kv((m, H, D), torch.float16, gen, **kw)  # noqa: E731
