@@ -11,7 +11,8 @@ step (`bench_engine.py --gpu-mixed`) misses what a mix makes: new sequences, sev
 blocks.
 
     python benchmarks/bench_step_mix.py --arms fp16,alrkvd-gpu,alrkvd-gpu:pieces --users 8,32 --out mix.json
-    (`alrkvd-gpu:rows`: a chunk's rows read one by one, not in tiles, for a baseline)
+    (`alrkvd-gpu:rows`: a chunk's rows read one by one, not in tiles, for a baseline; modes combine:
+    `fp16:layered8:graphs512`)
 
 `--long`: the long-context tenants' served config instead (`qwen3_30b_long_*` of `loadtest/gpu_serving.sh`: 8 GiB of
 KV, 40,960 positions, 64 sequences, `max_step_ms` 80, graphs to 2,048 tokens) and their mix in tokens, two chats to a
@@ -44,16 +45,19 @@ KINDS = ("decode", "graph", "pieces", "eager", "layered")
 
 
 def served_engine(arm: str, long: bool = False):
-    """`arm`: a KV format (`fp16`, `alrkvd-gpu`, ...), `:pieces` for piecewise graphs, `:rows` for ALR-KVD's chunk
-    rows read one by one in mixed graphs (not in tiles), `:layeredG` for `layered_prefill=G`."""
-    kv_format, _, mode = arm.partition(":")
-    layered = int(mode[len("layered"):]) if mode.startswith("layered") else 0
+    """`arm`: a KV format (`fp16`, `alrkvd-gpu`, ...) and modes after colons: `:pieces` for piecewise graphs, `:rows`
+    for ALR-KVD's chunk rows read one by one in mixed graphs (not in tiles), `:layeredG` for `layered_prefill=G`,
+    `:graphsN` for graphs to N tokens (`cuda_graph_max_tokens`)."""
+    kv_format, *modes = arm.split(":")
+    number = lambda prefix: next((int(m[len(prefix):]) for m in modes if m.startswith(prefix)), None)  # noqa: E731
     served = (dict(kv_budget_bytes=8 << 30, max_model_len=40960, max_num_seqs=64, max_step_ms=80.0,
                    cuda_graph_max_tokens=2048) if long else
               dict(kv_budget_bytes=16 << 30, max_model_len=8192, max_num_seqs=32))
-    engine = dummy_engine("qwen3-30b-a3b", kv_format, max_num_batched_tokens=2048, piecewise_graphs=mode == "pieces",
-                          layered_prefill=layered, **served)
-    return rows_one_by_one(engine) if mode == "rows" else engine
+    if number("graphs") is not None:
+        served["cuda_graph_max_tokens"] = number("graphs")
+    engine = dummy_engine("qwen3-30b-a3b", kv_format, max_num_batched_tokens=2048, piecewise_graphs="pieces" in modes,
+                          layered_prefill=number("layered") or 0, **served)
+    return rows_one_by_one(engine) if "rows" in modes else engine
 
 
 def timed(fn, spent: dict, key: str):
