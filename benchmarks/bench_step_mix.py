@@ -49,7 +49,10 @@ def served_engine(arm: str, long: bool = False):
     for ALR-KVD's chunk rows read one by one in mixed graphs (not in tiles), `:layeredG` for `layered_prefill=G`,
     `:graphsN` for graphs to N tokens (`cuda_graph_max_tokens`)."""
     kv_format, *modes = arm.split(":")
-    number = lambda prefix: next((int(m[len(prefix):]) for m in modes if m.startswith(prefix)), None)  # noqa: E731
+
+    def number(prefix: str) -> int | None:  # `:layered8` -> 8
+        return next((int(m[len(prefix):]) for m in modes if m.startswith(prefix)), None)
+
     served = (dict(kv_budget_bytes=8 << 30, max_model_len=40960, max_num_seqs=64, max_step_ms=80.0,
                    cuda_graph_max_tokens=2048) if long else
               dict(kv_budget_bytes=16 << 30, max_model_len=8192, max_num_seqs=32))
