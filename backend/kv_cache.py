@@ -215,6 +215,11 @@ class PagedKVCache:
         self.compress_stream = None  # side CUDA stream for the blocks decode steps fill (None: inline)
         self._filled = []            # blocks this decode step filled, compressed at commit
         self._compressing = None     # the event of the side stream's last compression
+        # mixed graph steps of a windowed format's decode kernel: this many leading rows (the decodes come first)
+        # through a decode launch of their own, the rest in tiles; 0: every row in tiles. A decode row with a long
+        # history costs far more in an 8-row tile than alone (H100, one layer of 31 decodes at 4k beside a chunk:
+        # the tiles 546 us, the decodes alone 48; journal 2026-12-07 36d)
+        self.rows_apart = 0
         # the decode kernels do not read the sink: with it, the PyTorch path
         self.kernels = None if self.sink_tokens else self.format.kernels(max(max_num_seqs, max_query_rows))
         self.kernel_layers = self.kernels.layers if self.kernels is not None else None
@@ -636,10 +641,11 @@ class PagedKVCache:
         return rows // self.tile_rows + num_seqs + 2 if self.tile_rows else 0
 
     def build_decode_meta(self, batch: AttentionBatch, static: dict | None = None,
-                          pad: tuple[int, int, int] = (0, 0, 0), num_tiles: int = 0) -> dict:
+                          pad: tuple[int, int, int] = (0, 0, 0), num_tiles: int = 0, rows_apart: int = 0) -> dict:
         """Per query row (a decode's token, or each token of a prompt chunk), built once and shared by every
         layer: the block and offset (windowed: window slot and offset) it writes, its sequence's block table
-        and the tokens it sees; with `num_tiles`, the rows' tiles (`tiles_kernel`; unused ones have count 0).
+        and the tokens it sees; with `num_tiles`, the rows' tiles (`tiles_kernel`; unused ones have count 0),
+        but for a windowed format's first `rows_apart` rows, which its decode kernel reads one by one.
         `static`: device buffers of `decode_buffers` to copy them into (a CUDA graph reads the same memory
         every step). `pad`: (rows, block, window slot): that many more rows, which write into and read that
         scratch block or slot only (a graph's fixed size)."""
@@ -672,7 +678,8 @@ class PagedKVCache:
             host["closed"] = closed.to(torch.int32)
         if num_tiles:
             from kernels.paged_attention import query_tiles
-            starts, counts = query_tiles(query_lens, self.tile_rows)
+            rows_apart = min(rows_apart, len(pos)) if self.windowed else 0
+            starts, counts = query_tiles(query_lens, self.tile_rows, first_row=rows_apart)
             assert len(starts) <= num_tiles, (len(starts), num_tiles)
             unused = [0] * (num_tiles - len(starts))
             host["tile_starts"] = torch.tensor(starts + unused, dtype=torch.int32)
@@ -684,6 +691,7 @@ class PagedKVCache:
             for k, v in host.items():
                 (meta[k][:, :width] if k == "tables" else meta[k]).copy_(v, non_blocking=True)
         meta["window_index"] = (meta["window_rows"], meta["offsets"])
+        meta["rows_apart"] = rows_apart if num_tiles else 0
         real_rows = len(pos) - pad_rows  # (sequence, position, window slot) of the rows whose token fills a block
         rows_of = zip(seq_of_row[:real_rows].tolist(), pos[:real_rows].tolist(),
                       host["window_rows"][:real_rows].tolist())
@@ -772,8 +780,17 @@ class PagedKVCache:
             rows = {k: meta[k] for k in ("closed", "tile_starts", "tile_counts") if k in meta}
             if "tile_starts" in rows:
                 q = q.contiguous()  # rows as heads of [rows x Hq]
-            return self.decode_kernel(q, self.kernel_layers[layer], self.window_k[layer], self.window_v[layer],
-                                      meta["tables"], meta["seq_lens"], meta["window_slots"], *rope, scale, **rows)
+            inputs = (self.kernel_layers[layer], self.window_k[layer], self.window_v[layer])
+            apart = meta.get("rows_apart", 0)
+            if apart >= q.shape[0]:  # no row in a tile: one launch, row by row
+                rows, apart = {k: v for k, v in rows.items() if k == "closed"}, 0
+            out = self.decode_kernel(q, *inputs, meta["tables"], meta["seq_lens"], meta["window_slots"], *rope,
+                                     scale, **rows)
+            if apart:  # the leading rows, which no tile holds, one by one
+                closed = {"closed": rows["closed"][:apart]} if "closed" in rows else {}
+                out[:apart] = self.decode_kernel(q[:apart], *inputs, meta["tables"][:apart], meta["seq_lens"][:apart],
+                                                 meta["window_slots"][:apart], *rope, scale, **closed)
+            return out
         if self.use_triton and self.kernels is not None and self.kernels.stores_as_is:  # kept as they come
             self.store_kv(k_rot, v, *self.kernel_layers[layer], meta["block_ids"], meta["offsets"])
         else:

@@ -12,7 +12,7 @@ blocks.
 
     python benchmarks/bench_step_mix.py --arms fp16,alrkvd-gpu,alrkvd-gpu:pieces --users 8,32 --out mix.json
     (`alrkvd-gpu:rows`: a chunk's rows read one by one, not in tiles, for a baseline; modes combine:
-    `fp16:layered8:graphs512`)
+    `alrkvd-gpu:layered8:apart`)
 
 `--long`: the long-context tenants' served config instead (`qwen3_30b_long_*` of `loadtest/gpu_serving.sh`: 8 GiB of
 KV, 40,960 positions, 64 sequences, `max_step_ms` 80, graphs to 2,048 tokens) and their mix in tokens, two chats to a
@@ -46,8 +46,9 @@ KINDS = ("decode", "graph", "pieces", "eager", "layered")
 
 def served_engine(arm: str, long: bool = False):
     """`arm`: a KV format (`fp16`, `alrkvd-gpu`, ...) and modes after colons: `:pieces` for piecewise graphs, `:rows`
-    for ALR-KVD's chunk rows read one by one in mixed graphs (not in tiles), `:layeredG` for `layered_prefill=G`,
-    `:graphsN` for graphs to N tokens (`cuda_graph_max_tokens`)."""
+    for ALR-KVD's chunk rows read one by one in mixed graphs (not in tiles), `:apart` for a mixed graph's decodes read
+    one by one beside the chunks' tiles (`PagedKVCache.rows_apart`), `:layeredG` for `layered_prefill=G`, `:graphsN`
+    for graphs to N tokens (`cuda_graph_max_tokens`)."""
     kv_format, *modes = arm.split(":")
 
     def number(prefix: str) -> int | None:  # `:layered8` -> 8
@@ -60,6 +61,8 @@ def served_engine(arm: str, long: bool = False):
         served["cuda_graph_max_tokens"] = number("graphs")
     engine = dummy_engine("qwen3-30b-a3b", kv_format, max_num_batched_tokens=2048, piecewise_graphs="pieces" in modes,
                           layered_prefill=number("layered") or 0, **served)
+    if "apart" in modes:
+        engine.cache.rows_apart = engine.args.max_num_seqs
     return rows_one_by_one(engine) if "rows" in modes else engine
 
 

@@ -574,14 +574,15 @@ def tile_tokens(group: int) -> int:
     return max(1, TILE_ROWS // group)
 
 
-def query_tiles(query_lens: list[int], block_q: int) -> tuple[list[int], list[int]]:
+def query_tiles(query_lens: list[int], block_q: int, first_row: int = 0) -> tuple[list[int], list[int]]:
     """The tiles of at most `block_q` rows (`tile_tokens(group)` for `paged_tiles_attention`) of a step whose
-    sequences bring `query_lens` consecutive query rows each: (starts, counts)."""
+    sequences bring `query_lens` consecutive query rows each: (starts, counts). Rows before `first_row` are in
+    none (another launch reads them)."""
     starts, counts, row = [], [], 0
     for n in query_lens:
-        for first in range(0, n, block_q):
-            starts.append(row + first)
-            counts.append(min(block_q, n - first))
+        for first in range(max(row, first_row), row + n, block_q):
+            starts.append(first)
+            counts.append(min(block_q, row + n - first))
         row += n
     return starts, counts
 

@@ -32,14 +32,17 @@ QWEN3_MOE = dict(model_type="qwen3_moe", vocab_size=512, hidden_size=128, num_hi
                  num_key_value_heads=2, head_dim=64, intermediate_size=256, moe_intermediate_size=64, num_experts=8,
                  num_experts_per_tok=2, norm_topk_prob=True, rms_norm_eps=1e-6, rope_theta=1e6,
                  max_position_embeddings=1024, tie_word_embeddings=False)
-TILED = {"rows": 0}  # rows the ALR-KVD reference took in tiles
+TILED = {"rows": 0, "apart": 0, "rows_apart": 0}  # rows the ALR-KVD reference took in tiles, or apart beside them
 
 
 def alrkvd_rows_ref(q, cache, window_k, window_v, tables, seq_lens, window_slots, cos, sin, scale, closed=None,
                     tile_starts=None, tile_counts=None, **kwargs):
     """`alrkvd_decode_attention`'s contract, row by row, after checking what it asks of the tiles of a step's rows:
-    each row in one tile, a tile's rows consecutive rows of one sequence (the same table, window slot and closed
-    blocks as its first row, lengths that never fall), at most `tile_rows` of them."""
+    each row in one tile (but the first TILED["apart"], `PagedKVCache.rows_apart`), a tile's rows consecutive rows of
+    one sequence (the same table, window slot and closed blocks as its first row, lengths that never fall), at most
+    `tile_rows` of them."""
+    if tile_starts is None and closed is not None:  # a prompt step's rows one by one
+        TILED["rows_apart"] += q.shape[0]
     if tile_starts is not None:
         covered = []
         for start, n in zip(tile_starts.tolist(), tile_counts.tolist()):
@@ -49,10 +52,14 @@ def alrkvd_rows_ref(q, cache, window_k, window_v, tables, seq_lens, window_slots
             for r in rows[1:]:
                 assert torch.equal(tables[r], tables[start]) and window_slots[r] == window_slots[start]
                 assert seq_lens[r] >= seq_lens[r - 1] and (closed is None or closed[r] == closed[start])
-        assert sorted(covered) == list(range(q.shape[0]))
+        first = min(TILED["apart"], q.shape[0])
+        assert sorted(covered) == list(range(first, q.shape[0]))
         TILED["rows"] += q.shape[0]
-    return alrkvd_decode_attention_ref(q, cache, window_k, window_v, tables, seq_lens, window_slots, cos, sin, scale,
-                                       closed=closed, **kwargs)
+    out = alrkvd_decode_attention_ref(q, cache, window_k, window_v, tables, seq_lens, window_slots, cos, sin, scale,
+                                      closed=closed, **kwargs)
+    if tile_starts is not None:
+        out[:first] = float("nan")  # as the kernel, nothing for rows outside the tiles
+    return out
 
 
 REFERENCES = {"fp16": paged_decode_attention_ref, "alrkvd": alrkvd_rows_ref,
@@ -395,6 +402,33 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format, piecewi
     assert any((start + n) % bs == 0 for p in mixed for start, n in p)  # and rows that close their block
     cache = engine.cache
     assert cache.allocator.num_free == cache.allocator.num_blocks and len(cache.free_slots) == engine.args.max_num_seqs
+
+
+def test_alrkvd_mixed_steps_with_the_leading_rows_apart_give_the_eager_tokens(tmp_path, monkeypatch):
+    """`rows_apart`: a mixed graph step's first rows (its decodes come first) read one by one in a decode launch of
+    their own, the other rows in tiles from there on: the eager tokens and plans (the reference as in
+    `test_windowed_mixed_steps_give_the_eager_tokens`); on the CPU the reference sees both launches, the tiles
+    holding no row before the first two."""
+    engine = engine_for(tmp_path, QWEN3_MOE, "alrkvd")
+    bs = engine.cache.block_size
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (bs - 4, bs + 20, 2 * bs + 7, bs - 3, bs + 1)]
+
+    def generate():
+        return generate_with_arrivals(engine, prompts, bs + 4, (2, 4, 6))
+
+    engine.graphs = StepGraphs(engine.model, engine.cache, 0 if DEVICE == "cpu" else 4, engine.max_model_len,
+                               max_tokens=2 * bs, capture=False)  # CPU: every step eager
+    expected, eager_plans = generate()
+    engine.cache.rows_apart = 2
+    monkeypatch.setitem(TILED, "apart", 2)
+    engine.graphs = StepGraphs(engine.model, engine.cache, 4, engine.max_model_len, max_tokens=2 * bs,
+                               capture=DEVICE == "cuda")
+    engine.graphs.capture_all()
+    TILED.update(rows=0, rows_apart=0)
+    tokens, plans = generate()
+    assert tokens == expected and plans == eager_plans
+    assert (TILED["rows"] > 0 and TILED["rows_apart"] > 0) == (DEVICE == "cpu")
 
 
 def test_prompts_across_blocks_without_decodes_beside_take_runs(tmp_path):
