@@ -676,9 +676,11 @@ class PagedKVCache:
             closed = torch.where(in_run, chunk_first, closed)
         if any(n > 1 for n in batch.query_lens) and self.window_runs:  # the kernel takes each row's closed blocks
             host["closed"] = closed.to(torch.int32)
+        rows_apart = min(rows_apart, len(pos)) if self.windowed and num_tiles else 0
+        if rows_apart == len(pos):  # every row apart: no tiles, one launch reads them one by one
+            num_tiles = rows_apart = 0
         if num_tiles:
             from kernels.paged_attention import query_tiles
-            rows_apart = min(rows_apart, len(pos)) if self.windowed else 0
             starts, counts = query_tiles(query_lens, self.tile_rows, first_row=rows_apart)
             assert len(starts) <= num_tiles, (len(starts), num_tiles)
             unused = [0] * (num_tiles - len(starts))
@@ -691,7 +693,7 @@ class PagedKVCache:
             for k, v in host.items():
                 (meta[k][:, :width] if k == "tables" else meta[k]).copy_(v, non_blocking=True)
         meta["window_index"] = (meta["window_rows"], meta["offsets"])
-        meta["rows_apart"] = rows_apart if num_tiles else 0
+        meta["rows_apart"] = rows_apart
         real_rows = len(pos) - pad_rows  # (sequence, position, window slot) of the rows whose token fills a block
         rows_of = zip(seq_of_row[:real_rows].tolist(), pos[:real_rows].tolist(),
                       host["window_rows"][:real_rows].tolist())
@@ -781,9 +783,7 @@ class PagedKVCache:
             if "tile_starts" in rows:
                 q = q.contiguous()  # rows as heads of [rows x Hq]
             inputs = (self.kernel_layers[layer], self.window_k[layer], self.window_v[layer])
-            apart = meta.get("rows_apart", 0)
-            if apart >= q.shape[0]:  # no row in a tile: one launch, row by row
-                rows, apart = {k: v for k, v in rows.items() if k == "closed"}, 0
+            apart = meta["rows_apart"]
             out = self.decode_kernel(q, *inputs, meta["tables"], meta["seq_lens"], meta["window_slots"], *rope,
                                      scale, **rows)
             if apart:  # the leading rows, which no tile holds, one by one

@@ -404,11 +404,12 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format, piecewi
     assert cache.allocator.num_free == cache.allocator.num_blocks and len(cache.free_slots) == engine.args.max_num_seqs
 
 
-def test_alrkvd_mixed_steps_with_the_leading_rows_apart_give_the_eager_tokens(tmp_path, monkeypatch):
+@pytest.mark.parametrize("apart", [2, 1 << 10])
+def test_alrkvd_mixed_steps_with_the_leading_rows_apart_give_the_eager_tokens(tmp_path, monkeypatch, apart):
     """`rows_apart`: a mixed graph step's first rows (its decodes come first) read one by one in a decode launch of
     their own, the other rows in tiles from there on: the eager tokens and plans (the reference as in
     `test_windowed_mixed_steps_give_the_eager_tokens`); on the CPU the reference sees both launches, the tiles
-    holding no row before the first two."""
+    holding no row before the first two, or (more rows apart than any graph holds) no tiles at all."""
     engine = engine_for(tmp_path, QWEN3_MOE, "alrkvd")
     bs = engine.cache.block_size
     g = torch.Generator().manual_seed(5)
@@ -420,15 +421,18 @@ def test_alrkvd_mixed_steps_with_the_leading_rows_apart_give_the_eager_tokens(tm
     engine.graphs = StepGraphs(engine.model, engine.cache, 0 if DEVICE == "cpu" else 4, engine.max_model_len,
                                max_tokens=2 * bs, capture=False)  # CPU: every step eager
     expected, eager_plans = generate()
-    engine.cache.rows_apart = 2
-    monkeypatch.setitem(TILED, "apart", 2)
+    engine.cache.rows_apart = apart
+    monkeypatch.setitem(TILED, "apart", apart)
     engine.graphs = StepGraphs(engine.model, engine.cache, 4, engine.max_model_len, max_tokens=2 * bs,
                                capture=DEVICE == "cuda")
     engine.graphs.capture_all()
     TILED.update(rows=0, rows_apart=0)
     tokens, plans = generate()
     assert tokens == expected and plans == eager_plans
-    assert (TILED["rows"] > 0 and TILED["rows_apart"] > 0) == (DEVICE == "cpu")
+    if DEVICE == "cpu":
+        assert TILED["rows_apart"] > 0 and (TILED["rows"] > 0) == (apart == 2)
+    else:  # (the kernels, not the reference)
+        assert TILED["rows"] == TILED["rows_apart"] == 0
 
 
 def test_prompts_across_blocks_without_decodes_beside_take_runs(tmp_path):

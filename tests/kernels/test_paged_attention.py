@@ -165,12 +165,12 @@ def test_wave_num_splits_fills_whole_waves():
     assert wave_num_splits(64, 31, 528, 31, 2.5) == 7
     assert wave_num_splits(64, 255, 528, 64, 2.5) == 8
 
+
 def test_query_tiles_from_a_first_row():
     # a decode, a decode, a 5-row chunk: tiles of 2 rows from row 3 on leave the first three rows to another launch
     assert query_tiles([1, 1, 5], 2) == ([0, 1, 2, 4, 6], [1, 1, 2, 2, 1])
     assert query_tiles([1, 1, 5], 2, first_row=3) == ([3, 5], [2, 2])
     assert query_tiles([1, 1, 5], 2, first_row=7) == ([], [])
-
 
 
 @pytest.mark.parametrize("group,dtype,num_splits,min_split_tokens", [
