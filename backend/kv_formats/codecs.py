@@ -162,18 +162,20 @@ def _subspace_start(d: int, k: int, seed: int, dtype: torch.dtype, device: torch
 
 def subspace_ritz(G: torch.Tensor, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The Rayleigh-Ritz problem of `subspace_eigh`: orthonormal Q [..., d, k] after three steps of subspace
-    iteration from a fixed random start, and Q^T G Q [..., k, k]. No host sync (a CUDA graph can hold it)."""
+    iteration from a fixed random start, and Q^T G Q [..., k, k]. No host sync (a CUDA graph can hold it).
+    Only the last step's Q needs orthonormal columns: the steps before pass once (the span is what carries over),
+    the last twice (the second pass restores orthonormality lost to the first one's conditioning)."""
     d = G.shape[-1]
     Q = _subspace_start(d, k, seed, G.dtype, G.device).expand(*G.shape[:-2], d, k)
-    for _ in range(3):
-        Q = orthonormalize(orthonormalize(G @ Q))
+    for _ in range(2):
+        Q = orthonormalize(G @ Q)
+    Q = orthonormalize(orthonormalize(G @ Q))
     return Q, Q.transpose(-1, -2) @ G @ Q
 
 
 def subspace_eigh(G: torch.Tensor, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k leading eigenpairs (ascending, like eigh) of symmetric PSD G [..., d, d] (float64): three steps
-    of subspace iteration from a fixed random start, then a Rayleigh-Ritz step; Cholesky QR twice per
-    step (the second pass restores orthonormality lost to the first one's conditioning). On CUDA the host
+    of subspace iteration from a fixed random start, then a Rayleigh-Ritz step (`subspace_ritz`). On CUDA the host
     waits once, in the k x k eigh, which checks its result on the host."""
     Q, M = subspace_ritz(G, k, seed)
     w, V = torch.linalg.eigh(M)
