@@ -91,9 +91,10 @@ class EngineArgs:
     kv_compress_stream: bool = False   # CUDA: compress the blocks decode steps fill on a side stream (no
                                        # gain measured: the basis solve synchronises; BENCHMARKS.md 2b)
     enforce_eager: bool = False        # CUDA: no CUDA graphs (backend/cuda_graphs.py)
-    cuda_graph_max_tokens: int = 256   # CUDA: steps with prompt chunks of up to this many tokens replay graphs
+    cuda_graph_max_tokens: int = 512   # CUDA: steps with prompt chunks of up to this many tokens replay graphs
                                        # too (fp16/full KV), and prompt chunks beside running decodes are cut to
-                                       # fit, so no stream waits for an eager step; 0: decode steps only
+                                       # fit, so no stream waits for an eager step; 0: decode steps only. 512
+                                       # over 256: prompts in half the steps (BENCHMARKS.md, Decisions)
     piecewise_graphs: bool = False     # CUDA, ALR-KVD and KIVI: those chunks not cut at their block's end; a step
                                        # with one across a block that no run of window slots holds, or (ALR-KVD)
                                        # whose prompt rows would read a long compressed history, replays graph

@@ -1,5 +1,5 @@
 """The engine's steps under the GPU load test's mix, without the server: dummy Qwen3-30B-A3B with the served
-config of `loadtest/gpu_serving.sh` (16 GiB of KV, 8,192 positions, 32 sequences, chunks of 2,048, graphs to 256
+config of `loadtest/gpu_serving.sh` (16 GiB of KV, 8,192 positions, 32 sequences, chunks of 2,048, graphs to 512
 tokens), a closed loop of `users` streams alternating at random between the tenants of `loadtest/tenants_gpu.yaml`
 in tokens (chats: 25-50 prompt tokens, 64 out; summaries: 400-650 prompt tokens, 128 out; one to one). Every step is
 synchronised and timed, with its kind: decode only, prompt rows in one graph, graph pieces (ALR-KVD and KIVI with
@@ -12,7 +12,7 @@ blocks.
 
     python benchmarks/bench_step_mix.py --arms fp16,alrkvd-gpu,alrkvd-gpu:pieces --users 8,32 --out mix.json
     (`alrkvd-gpu:rows`: a chunk's rows read one by one, not in tiles, for a baseline; modes combine:
-    `alrkvd-gpu:layered8:apart`)
+    `alrkvd-gpu:layered8:tiles`)
 
 `--long`: the long-context tenants' served config instead (`qwen3_30b_long_*` of `loadtest/gpu_serving.sh`: 8 GiB of
 KV, 40,960 positions, 64 sequences, `max_step_ms` 80, graphs to 2,048 tokens) and their mix in tokens, two chats to a
@@ -46,9 +46,9 @@ KINDS = ("decode", "graph", "pieces", "eager", "layered")
 
 def served_engine(arm: str, long: bool = False):
     """`arm`: a KV format (`fp16`, `alrkvd-gpu`, ...) and modes after colons: `:pieces` for piecewise graphs, `:rows`
-    for ALR-KVD's chunk rows read one by one in mixed graphs (not in tiles), `:apart` for a mixed graph's decodes read
-    one by one beside the chunks' tiles (`PagedKVCache.rows_apart`), `:layeredG` for `layered_prefill=G`, `:graphsN`
-    for graphs to N tokens (`cuda_graph_max_tokens`)."""
+    for ALR-KVD's chunk rows read one by one in mixed graphs (not in tiles), `:tiles` for a mixed graph's decodes read
+    in the chunks' tiles too (`PagedKVCache.rows_apart` 0; by default they are read apart), `:layeredG` for
+    `layered_prefill=G`, `:graphsN` for graphs to N tokens (`cuda_graph_max_tokens`)."""
     kv_format, *modes = arm.split(":")
 
     def number(prefix: str) -> int | None:  # `:layered8` -> 8
@@ -61,8 +61,8 @@ def served_engine(arm: str, long: bool = False):
         served["cuda_graph_max_tokens"] = number("graphs")
     engine = dummy_engine("qwen3-30b-a3b", kv_format, max_num_batched_tokens=2048, piecewise_graphs="pieces" in modes,
                           layered_prefill=number("layered") or 0, **served)
-    if "apart" in modes:
-        engine.cache.rows_apart = engine.args.max_num_seqs
+    if "tiles" in modes:
+        engine.cache.rows_apart = 0
     return rows_one_by_one(engine) if "rows" in modes else engine
 
 

@@ -358,7 +358,7 @@ def generate_with_arrivals(engine, prompts, max_tokens: int, arrivals) -> tuple[
 
 @pytest.mark.parametrize("piecewise", [False, True], ids=["whole", "pieces"])
 @pytest.mark.parametrize("kv_format", ["alrkvd", "kivi4"])
-def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format, piecewise):
+def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, monkeypatch, kv_format, piecewise):
     """Windowed formats (a sequence's newest block in a window slot), prompt chunks beside decodes: a step whose
     chunks end within their blocks replays the mixed graph (every row read by the decode kernel as a decode of its
     own length). Without `piecewise`, ALR-KVD's chunks may cross blocks in that graph too, each in a run of window
@@ -372,6 +372,7 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format, piecewi
     tokens. Same tokens and routed-token counts (padding not counted); every cache block and window slot back at
     the end."""
     engine = engine_for(tmp_path, QWEN3_MOE, kv_format)
+    monkeypatch.setitem(TILED, "apart", engine.cache.rows_apart)  # the decodes apart from the tiles, as by default
     bs = engine.cache.block_size
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (bs - 4, bs + 20, 2 * bs + 7, bs - 3, bs + 1)]
@@ -404,12 +405,13 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format, piecewi
     assert cache.allocator.num_free == cache.allocator.num_blocks and len(cache.free_slots) == engine.args.max_num_seqs
 
 
-@pytest.mark.parametrize("apart", [2, 1 << 10])
+@pytest.mark.parametrize("apart", [0, 2, 1 << 10])
 def test_alrkvd_mixed_steps_with_the_leading_rows_apart_give_the_eager_tokens(tmp_path, monkeypatch, apart):
     """`rows_apart`: a mixed graph step's first rows (its decodes come first) read one by one in a decode launch of
     their own, the other rows in tiles from there on: the eager tokens and plans (the reference as in
     `test_windowed_mixed_steps_give_the_eager_tokens`); on the CPU the reference sees both launches, the tiles
-    holding no row before the first two, or (more rows apart than any graph holds) no tiles at all."""
+    holding no row before the first two, or (more rows apart than any graph holds) no tiles at all, or (none apart)
+    every row in tiles."""
     engine = engine_for(tmp_path, QWEN3_MOE, "alrkvd")
     bs = engine.cache.block_size
     g = torch.Generator().manual_seed(5)
@@ -430,7 +432,7 @@ def test_alrkvd_mixed_steps_with_the_leading_rows_apart_give_the_eager_tokens(tm
     tokens, plans = generate()
     assert tokens == expected and plans == eager_plans
     if DEVICE == "cpu":
-        assert TILED["rows_apart"] > 0 and (TILED["rows"] > 0) == (apart == 2)
+        assert (TILED["rows_apart"] > 0) == (apart > 0) and (TILED["rows"] > 0) == (apart < 1 << 10)
     else:  # (the kernels, not the reference)
         assert TILED["rows"] == TILED["rows_apart"] == 0
 
