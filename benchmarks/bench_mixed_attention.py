@@ -1,12 +1,12 @@
 """One layer's attention in a mixed step of the GPU load test's config (dummy Qwen3-30B-A3B, `bench_step_mix.py`'s
 served engine): `--decodes` sequences decoding after `--context` tokens beside a prompt chunk of `--chunk` tokens
-after `--context` cached, per arm. The step runs once; the attention launches of its first layer (the cache's
+after `--context` cached, per arm. The step runs once, graph-shaped but eager; the attention launches of its first layer (the cache's
 `decode_kernel` and `tiles_kernel` calls, with their arguments) are captured in a CUDA graph and replayed: microseconds
 of GPU a layer, the host's launch cost out. Then the same for the decode-only step that follows. Arms as
-`bench_step_mix.py`'s: `alrkvd-gpu:apart` reads the decodes in a launch of their own beside the chunk's tiles
-(`PagedKVCache.rows_apart`).
+`bench_step_mix.py`'s: `alrkvd-gpu` reads the decodes in a launch of their own beside the chunk's tiles
+(`PagedKVCache.rows_apart`, the default), `alrkvd-gpu:tiles` in the tiles too.
 
-    python benchmarks/bench_mixed_attention.py --arms fp16,alrkvd-gpu,alrkvd-gpu:apart --contexts 226,1024,4096
+    python benchmarks/bench_mixed_attention.py --arms fp16,alrkvd-gpu:tiles,alrkvd-gpu --contexts 226,1024,4096
 """
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def measure(engine, context: int, chunk: int, decodes: int) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--arms", default="fp16,alrkvd-gpu,alrkvd-gpu:apart")
+    p.add_argument("--arms", default="fp16,alrkvd-gpu:tiles,alrkvd-gpu")
     p.add_argument("--contexts", default="226,1024,4096")
     p.add_argument("--chunk", type=int, default=225)
     p.add_argument("--decodes", type=int, default=31)
