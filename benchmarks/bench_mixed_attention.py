@@ -1,10 +1,10 @@
 """One layer's attention in a mixed step of the GPU load test's config (dummy Qwen3-30B-A3B, `bench_step_mix.py`'s
 served engine): `--decodes` sequences decoding after `--context` tokens beside a prompt chunk of `--chunk` tokens
-after `--context` cached, per arm. The step runs once, graph-shaped but eager; the attention launches of its first layer (the cache's
-`decode_kernel` and `tiles_kernel` calls, with their arguments) are captured in a CUDA graph and replayed: microseconds
-of GPU a layer, the host's launch cost out. Then the same for the decode-only step that follows. Arms as
-`bench_step_mix.py`'s: `alrkvd-gpu` reads the decodes in a launch of their own beside the chunk's tiles
-(`PagedKVCache.rows_apart`, the default), `alrkvd-gpu:tiles` in the tiles too.
+after `--context` cached, per arm. The step runs once, graph-shaped but eager; the attention launches of its first
+layer (the cache's `decode_kernel` and `tiles_kernel` calls, with their arguments) are captured in a CUDA graph and
+replayed: microseconds of GPU a layer, the host's launch cost out. Then the same for the decode-only step that
+follows. Arms as `bench_step_mix.py`'s: `alrkvd-gpu` reads the decodes in a launch of their own beside the chunk's
+tiles (`PagedKVCache.rows_apart`, the default), `alrkvd-gpu:tiles` in the tiles too.
 
     python benchmarks/bench_mixed_attention.py --arms fp16,alrkvd-gpu:tiles,alrkvd-gpu --contexts 226,1024,4096
 """
