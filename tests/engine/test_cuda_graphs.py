@@ -52,13 +52,12 @@ def alrkvd_rows_ref(q, cache, window_k, window_v, tables, seq_lens, window_slots
             for r in rows[1:]:
                 assert torch.equal(tables[r], tables[start]) and window_slots[r] == window_slots[start]
                 assert seq_lens[r] >= seq_lens[r - 1] and (closed is None or closed[r] == closed[start])
-        first = min(TILED["apart"], q.shape[0])
-        assert sorted(covered) == list(range(first, q.shape[0]))
+        assert sorted(covered) == list(range(TILED["apart"], q.shape[0]))
         TILED["rows"] += q.shape[0]
     out = alrkvd_decode_attention_ref(q, cache, window_k, window_v, tables, seq_lens, window_slots, cos, sin, scale,
                                       closed=closed, **kwargs)
     if tile_starts is not None:
-        out[:first] = float("nan")  # as the kernel, nothing for rows outside the tiles
+        out[:TILED["apart"]] = float("nan")  # as the kernel, nothing for rows outside the tiles
     return out
 
 
@@ -81,6 +80,13 @@ def engine_for(tmp_path, shape: dict, kv_format: str, **args) -> LLMEngine:
         engine.cache.decode_kernel = REFERENCES[kv_format]
         if kv_format == "fp16":
             engine.cache.tiles_kernel = tiles_ref
+    build = engine.cache.build_decode_meta
+
+    def build_and_note(*args, **kwargs):  # the rows the step reads apart: the reference checks the tiles after them
+        meta = build(*args, **kwargs)
+        TILED["apart"] = meta.get("rows_apart", 0)
+        return meta
+    engine.cache.build_decode_meta = build_and_note
     assert engine.graphs is None and engine.cache.decode_kernel is not None
     return engine
 
@@ -358,7 +364,7 @@ def generate_with_arrivals(engine, prompts, max_tokens: int, arrivals) -> tuple[
 
 @pytest.mark.parametrize("piecewise", [False, True], ids=["whole", "pieces"])
 @pytest.mark.parametrize("kv_format", ["alrkvd", "kivi4"])
-def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, monkeypatch, kv_format, piecewise):
+def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, kv_format, piecewise):
     """Windowed formats (a sequence's newest block in a window slot), prompt chunks beside decodes: a step whose
     chunks end within their blocks replays the mixed graph (every row read by the decode kernel as a decode of its
     own length). Without `piecewise`, ALR-KVD's chunks may cross blocks in that graph too, each in a run of window
@@ -372,7 +378,6 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, monkeypatch, kv_fo
     tokens. Same tokens and routed-token counts (padding not counted); every cache block and window slot back at
     the end."""
     engine = engine_for(tmp_path, QWEN3_MOE, kv_format)
-    monkeypatch.setitem(TILED, "apart", engine.cache.rows_apart)  # the decodes apart from the tiles, as by default
     bs = engine.cache.block_size
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (bs - 4, bs + 20, 2 * bs + 7, bs - 3, bs + 1)]
@@ -388,14 +393,15 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, monkeypatch, kv_fo
     engine.graphs = StepGraphs(engine.model, engine.cache, 4, engine.max_model_len, max_tokens=2 * bs,
                                capture=DEVICE == "cuda", piecewise=piecewise)
     engine.graphs.capture_all()
-    TILED["rows"] = 0
+    TILED.update(rows=0, rows_apart=0)
     assert ("mixed", 2 * bs) in engine.graphs.graphs
     assert (("pieces", 2 * bs) in engine.graphs.graphs) == (piecewise and DEVICE == "cuda")
     tokens, plans = generate()
     assert tokens == expected and plans == eager_plans
     assert torch.equal(engine.routing_counts(), eager_counts)
-    # ALR-KVD's mixed graphs read a chunk's rows in tiles (on CPU through the reference that checks them)
-    assert (TILED["rows"] > 0) == (kv_format == "alrkvd" and DEVICE == "cpu")
+    # ALR-KVD's mixed graphs read a chunk's rows in tiles, the decodes beside them apart (`rows_apart`; on CPU
+    # through the reference that checks them)
+    assert (TILED["rows"] > 0) == (TILED["rows_apart"] > 0) == (kv_format == "alrkvd" and DEVICE == "cpu")
     mixed = [p for p in plans if min(n for _, n in p) == 1 and max(n for _, n in p) > 1]  # chunks beside decodes
     within = [all(start % bs + n <= bs for start, n in p) for p in mixed]  # the mixed graph's steps
     across = piecewise or kv_format == "alrkvd"  # and ones with a chunk across blocks (pieces, or a run)
@@ -406,7 +412,7 @@ def test_windowed_mixed_steps_give_the_eager_tokens(tmp_path, monkeypatch, kv_fo
 
 
 @pytest.mark.parametrize("apart", [0, 2, 1 << 10])
-def test_alrkvd_mixed_steps_with_the_leading_rows_apart_give_the_eager_tokens(tmp_path, monkeypatch, apart):
+def test_alrkvd_mixed_steps_with_the_leading_rows_apart_give_the_eager_tokens(tmp_path, apart):
     """`rows_apart`: a mixed graph step's first rows (its decodes come first) read one by one in a decode launch of
     their own, the other rows in tiles from there on: the eager tokens and plans (the reference as in
     `test_windowed_mixed_steps_give_the_eager_tokens`); on the CPU the reference sees both launches, the tiles
@@ -424,7 +430,6 @@ def test_alrkvd_mixed_steps_with_the_leading_rows_apart_give_the_eager_tokens(tm
                                max_tokens=2 * bs, capture=False)  # CPU: every step eager
     expected, eager_plans = generate()
     engine.cache.rows_apart = apart
-    monkeypatch.setitem(TILED, "apart", apart)
     engine.graphs = StepGraphs(engine.model, engine.cache, 4, engine.max_model_len, max_tokens=2 * bs,
                                capture=DEVICE == "cuda")
     engine.graphs.capture_all()
