@@ -216,11 +216,11 @@ class PagedKVCache:
         self._filled = []            # blocks this decode step filled, compressed at commit
         self._compressing = None     # the event of the side stream's last compression
         # mixed graph steps of a windowed format's decode kernel: this many leading rows (the decodes come first; with
-        # fewer decodes, a chunk's first rows too: a graph's launch has a static shape) through a decode launch of
-        # their own, the rest in tiles; 0: every row in tiles. A decode row with a long
-        # history costs far more in an 8-row tile than alone (H100, one layer of 31 decodes beside a 225-token
-        # chunk: 357 against 545 us at 4k, 201 against 161 at 1k); the long-context mix 1.06x the decodes a second
-        # and 1.16x the prompt tokens, the short one even (journal 2026-12-07 36d, 37b)
+        # fewer decodes, a chunk's first rows too: a graph's launch has a static shape) through a decode launch of their
+        # own, the rest in tiles; 0: every row in tiles. A decode row with a long history costs far more in an 8-row
+        # tile than alone (H100, one layer of 31 decodes beside a 225-token chunk: 357 against 545 us at 4k, 201 against
+        # 161 at 1k); the long-context mix 1.06x the decodes a second and 1.16x the prompt tokens, the short one even
+        # (journal 2026-12-07 36d, 37b)
         self.rows_apart = max_num_seqs
         # the decode kernels do not read the sink: with it, the PyTorch path
         self.kernels = None if self.sink_tokens else self.format.kernels(max(max_num_seqs, max_query_rows))
