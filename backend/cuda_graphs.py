@@ -150,8 +150,7 @@ class StepGraphs:
             pad, num_tiles = (size - T, *place), self.cache.num_tiles(size, self.max_batch)
         self.cache.wait_compressed()  # the side stream's compression: waited for outside the graph
         if key[0] != "pieces":  # (the eager attention between pieces builds what it reads)
-            apart = self.cache.rows_apart if key[0] == "mixed" else 0
-            batch.decode_meta = self.cache.build_decode_meta(batch, self.meta, pad, num_tiles, apart)
+            batch.decode_meta = self.cache.build_decode_meta(batch, self.meta, pad, num_tiles, self.cache.rows_apart)
         self.tokens[:T].copy_(torch.tensor(tokens), non_blocking=True)
         if size > T:
             self.tokens[T:size].zero_()

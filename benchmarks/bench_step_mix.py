@@ -57,8 +57,9 @@ def served_engine(arm: str, long: bool = False):
     served = (dict(kv_budget_bytes=8 << 30, max_model_len=40960, max_num_seqs=64, max_step_ms=80.0,
                    cuda_graph_max_tokens=2048) if long else
               dict(kv_budget_bytes=16 << 30, max_model_len=8192, max_num_seqs=32))
-    if number("graphs") is not None:
-        served["cuda_graph_max_tokens"] = number("graphs")
+    graph_tokens = number("graphs")
+    if graph_tokens is not None:
+        served["cuda_graph_max_tokens"] = graph_tokens
     engine = dummy_engine("qwen3-30b-a3b", kv_format, max_num_batched_tokens=2048, piecewise_graphs="pieces" in modes,
                           layered_prefill=number("layered") or 0, **served)
     if "tiles" in modes:
