@@ -121,6 +121,12 @@ class EngineArgs:
     moe_routing: str = "learned"       # "seeded": experts from a hash of each token's position and row, the same
                                        # in every run and arm (dummy-weight benchmarks; Transformer.seed_routing);
                                        # "local": the same with a trained router's load skew and reuse (LOCALITY)
+    overlap_outputs: bool | None = None  # AsyncEngine: a step's outputs go to their streams once the next step is
+                                         # queued on the device, so the server's Python for each token (responses,
+                                         # sends) runs while the GPU computes instead of contending for the GIL
+                                         # in the host's part of the next step (served, 32 users, H100: 992 ->
+                                         # 1,145 tok/s; BENCHMARKS.md Decisions). None: on CUDA (on the CPU the
+                                         # next forward is the host's own work: each token would wait a step)
 
 
 @dataclass
@@ -213,6 +219,7 @@ class LLMEngine:
             raise ValueError(f"max_num_seqs ({args.max_num_seqs}) must not exceed max_num_batched_tokens "
                              f"({args.max_num_batched_tokens}): every running decode goes in every step")
         self.args = args
+        self.on_launch = None  # called once a step's forward is queued on the device, before the host waits for it
         if args.max_step_ratio is not None and args.max_step_ratio <= 1:
             raise ValueError(f"max_step_ratio must exceed 1 (a step with prompt tokens outlasts a decode step), "
                              f"not {args.max_step_ratio}")
@@ -536,6 +543,7 @@ class LLMEngine:
         if hidden is None:
             hidden = self.model(torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
                                 self.cache, batch)
+        self._launched()
         ready, rows = self._commit(batch, scheduled, last)
         return self._sample(ready, hidden[rows]) if ready else []
 
@@ -575,6 +583,7 @@ class LLMEngine:
             out = self.model.forward_layers(layered.hidden, layered.residual, torch.tensor(positions, device=device),
                                             self.cache, batch, first, last)
             layered.hidden, layered.residual = out
+        self._launched()
         self.layered_plan, layered.next_layer = (list(layered.chunks), first, last), last
         if last < L:
             return []
@@ -583,6 +592,10 @@ class LLMEngine:
         if not ready:  # chunks of longer prompts
             return []
         return self._sample(ready, self.model.final_norm(layered.hidden[rows], layered.residual[rows]))
+
+    def _launched(self):
+        if self.on_launch is not None:
+            self.on_launch()
 
     def _sample(self, seqs: list[Sequence], hidden: torch.Tensor) -> list[RequestOutput]:
         """Each sequence's next token from its last position's final hidden state (a row of `hidden`)."""
@@ -752,7 +765,8 @@ class LLMEngine:
 
 
 class AsyncEngine:
-    """Runs an `LLMEngine` on its own thread; `generate` streams to any asyncio loop.
+    """Runs an `LLMEngine` on its own thread; `generate` streams to any asyncio loop. On CUDA a step's outputs go
+    to their streams once the next step is queued on the device (`EngineArgs.overlap_outputs`).
 
     A step that raises fails the requests it carried and the thread goes on. An error outside a step ends
     the thread: every stream gets `EngineDeadError` at once, later calls are refused with it, and
@@ -774,6 +788,11 @@ class AsyncEngine:
         self.capacity = args.max_num_seqs + args.max_queue_size
         self._stats = self.engine.stats()
         self.steps: collections.deque = collections.deque(maxlen=4096)  # each step's (tokens, seconds), until drained
+        overlap = args.overlap_outputs
+        self.overlap_outputs = str(args.device).startswith("cuda") if overlap is None else overlap
+        self.held: list[RequestOutput] = []  # the last step's outputs, until the next step is on the device
+        if self.overlap_outputs:
+            self.engine.on_launch = self._deliver
         self.stopped = False
         self.dead: str | None = None  # why the engine thread stopped, once it has
         self.on_death = on_death
@@ -855,6 +874,12 @@ class AsyncEngine:
             with contextlib.suppress(RuntimeError):  # that caller's loop is closed: nobody to tell
                 loop.call_soon_threadsafe(q.put_nowait, item)
 
+    def _deliver(self):
+        """The held outputs to their streams (`overlap_outputs`)."""
+        held, self.held = self.held, []
+        for out in held:
+            self._send(out.request_id, out)
+
     def _drain_inbox(self):
         while True:
             try:
@@ -870,6 +895,7 @@ class AsyncEngine:
                 except Exception as e:
                     self._send(request_id, e)
             else:
+                self._deliver()  # a stream's outputs in order: the held ones before its abort's
                 out = self.engine.abort(payload)
                 if out is not None:
                     self._send(payload, out)
@@ -881,6 +907,7 @@ class AsyncEngine:
             self._die(e)
 
     def _die(self, error: BaseException):
+        self._deliver()  # outputs of the last step: finished requests end as they did
         with self.lock:
             self.dead = f"the engine stopped: {error!r}"
             streams = list(self.streams.values())
@@ -908,9 +935,12 @@ class AsyncEngine:
                 outputs = self.engine.fail_step(e)
             if self.engine.plan or self.engine.layered_plan:
                 self.steps.append((self.engine.step_tokens(), time.perf_counter() - start))
-            for out in outputs:
-                self._send(out.request_id, out)
+            self._deliver()  # (held by a step that queued nothing on the device)
+            self.held = outputs
+            if not self.overlap_outputs or not self.engine.has_unfinished():
+                self._deliver()
             self._stats = self.engine.stats()
+        self._deliver()
         for request_id in list(self.engine.requests):  # shutdown: end every stream
             out = self.engine.abort(request_id)
             self._send(request_id, out)

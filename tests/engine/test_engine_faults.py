@@ -200,3 +200,52 @@ def test_door_limits_bound_stop_strings_and_prompt_bytes(engine):
         assert len(str(e.value)) < 400  # the message names the value without echoing all of it
     SamplingParams.from_dict({"stop": ["x" * MAX_STOP_STRING_CHARS] * MAX_STOP_STRINGS,
                               "stop_token_ids": [1] * MAX_STOP_TOKEN_IDS}, limits)
+
+
+def test_overlapped_outputs_reach_their_streams_in_order_during_the_next_launch(engine):
+    """`overlap_outputs`: a step's outputs go to their streams while the next step's forward is queued (here the
+    CPU's forward, already done), and every stream still gets each piece once, in order, and its end: the same
+    text as the offline engine's; only the last step's outputs, with nothing left to run, go out at once. An abort
+    mid-stream ends that stream after its held pieces; the other runs on to the same text."""
+    lengths = (3, 6, 9)
+    reference = run(engine, {p: (p, greedy(n)) for p, n in zip(PROMPTS, lengths)})
+    served = AsyncEngine(EngineArgs(model="default", kv_format="full", max_num_seqs=8, overlap_outputs=True))
+    launching, sent_in_launch = [False], []
+    deliver, send = served.engine.on_launch, served._send
+
+    def launch():
+        launching[0] = True
+        deliver()
+        launching[0] = False
+
+    def record(request_id, item):
+        sent_in_launch.append(launching[0])
+        send(request_id, item)
+
+    served.engine.on_launch, served._send = launch, record
+
+    async def consume(prompt, n, stop_after=None):
+        pieces, last = [], None
+        async for out in served.generate(prompt, greedy(n), f"{prompt}-{n}"):
+            pieces.append(out.text_delta)
+            last = out
+            if len(pieces) == stop_after:
+                break  # the client goes away: its request is aborted
+        return "".join(pieces), last
+
+    def streams(*args):
+        async def together():
+            return await asyncio.wait_for(asyncio.gather(*(consume(*a) for a in args)), timeout=60)
+        return asyncio.run(together())
+
+    try:
+        for prompt, (text, last) in zip(PROMPTS, streams(*zip(PROMPTS, lengths))):
+            assert last.finished and text == last.text == reference[prompt].text
+        assert len(sent_in_launch) == sum(lengths) and sent_in_launch.count(False) == 1
+        (text, last), (_, cut) = streams((PROMPTS[2], 9), (PROMPTS[3], 40, 2))
+        assert last.finished and text == reference[PROMPTS[2]].text
+        assert cut.num_output_tokens == 2 and not cut.finished
+        assert not served.engine.has_unfinished()
+        assert served.engine.cache.allocator.num_free == served.engine.cache.allocator.num_blocks
+    finally:
+        served.shutdown()
