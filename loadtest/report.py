@@ -6,7 +6,9 @@ Everything is recomputed from requests.jsonl (one line per request; warm-up line
 percentiles are exact, not Locust's rounded buckets. Per load step (`by_concurrency`) a request counts in
 the step that sent it, its inter-token gaps in the step in which each came. Plots: ITL percentiles against concurrency
 (itl_vs_concurrency.png), the TTFT distribution per tenant (ttft_distribution.png), output tokens/s
-over time per tenant (tokens_per_s.png) and per-tenant latency side by side (latency_by_tenant.png).
+over time per tenant (tokens_per_s.png) and per-tenant latency side by side (latency_by_tenant.png). Where the
+run read the server's /metrics (server_steps.json), each step of users also gets the engine's steps in its time: the
+mean step in the server beside the clients' inter-token gaps shows what the server adds between steps.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from loadtest.records import REQUESTS_FILE, read_records, read_run_meta
 
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"
+STEPS_FILE = "server_steps.json"  # loadtest.run: the server's engine steps over the run, and its readings through it
 PLOTS = {
     "itl_vs_concurrency": "itl_vs_concurrency.png",
     "ttft_distribution": "ttft_distribution.png",
@@ -132,6 +135,53 @@ def build_summary(records: list[metrics.RequestRecord], meta: dict) -> dict:
             "schedule_lag_ms": metrics.distribution(lags, 1000.0),
         }
     return summary
+
+
+def steps_between(before: dict | None, after: dict | None) -> dict | None:
+    """The engine's steps between two readings of the server's /metrics (`loadtest.run.engine_steps`): how many,
+    their mean tokens and milliseconds, the tokens a second of stepping, the share at most each bucket's bound, the
+    smallest bound that half of them fit, the preemptions, and the prompt tokens admitted and those taken from the
+    prefix cache."""
+    if before is None or after is None:
+        return None
+    b, a = before["steps"], after["steps"]
+    steps = a["count"] - b["count"]
+    if steps <= 0:
+        return None
+    at_most = {le: (a["le"][le] - b["le"].get(le, 0.0)) / steps for le in sorted(a["le"])}
+    tokens, seconds = a["sum"] - b["sum"], a.get("seconds", 0.0) - b.get("seconds", 0.0)
+    return {"steps": int(steps), "mean_tokens": tokens / steps, "mean_ms": 1e3 * seconds / steps,
+            "tokens_per_s": tokens / seconds if seconds > 0 else None,
+            "share_at_most": {f"{le:g}": share for le, share in at_most.items()},
+            "p50_tokens_at_most": next(le for le, share in at_most.items() if share >= 0.5),
+            **{key: int(after[key] - before[key])
+               for key in ("preemptions", "prompt_tokens", "prefix_cache_hit_tokens")}}
+
+
+def stage_steps(by_concurrency: list[dict], meta: dict, readings: list) -> None:
+    """Each step of users with a stage window gets `server_steps`: `steps_between` the first reading in its window
+    and the last (`readings`: [wall time, engine_steps] through the run, server_steps.json's), and `busy_share`, the
+    share of the time between them that the engine spent in steps."""
+    for step in by_concurrency:
+        window = stage_window(step["users"], meta)
+        inside = [(t, r) for t, r in readings if window is not None and window[0] <= t <= window[1]]
+        if len(inside) < 2:
+            continue
+        (t0, first), (t1, last) = inside[0], inside[-1]
+        steps = steps_between(first, last)
+        if steps is not None:
+            busy = last["steps"].get("seconds", 0.0) - first["steps"].get("seconds", 0.0)
+            step["server_steps"] = {**steps, "busy_share": busy / (t1 - t0)}
+
+
+def read_readings(path: Path) -> list:
+    """server_steps.json's readings, their buckets' bounds numbers again (JSON keeps them as strings)."""
+    if not path.is_file():
+        return []
+    readings = json.loads(path.read_text()).get("readings") or []
+    for _, r in readings:
+        r["steps"]["le"] = {float(le): n for le, n in r["steps"]["le"].items()}
+    return readings
 
 
 # ------------------------------------------------------------------------------------------------
@@ -267,6 +317,10 @@ def plot_latency_by_tenant(summary: dict, path: Path) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
+def _pct(share: float | None) -> float | None:
+    return None if share is None else 100 * share
+
+
 def _f(v, nd=1) -> str:
     if v is None:
         return "–"
@@ -316,14 +370,21 @@ def render_markdown(summary: dict) -> str:
                      f"{_f(100 * gp['share'] if gp['share'] is not None else None)} % | {slo_txt} | {fails} |")
     lines += ["", "## Latency (ms)", ""] + _latency_rows(groups)
     if len(summary["by_concurrency"]) > 1 or plan.get("shape") == "steps":
+        steps = any(c.get("server_steps") for c in summary["by_concurrency"])  # the server's steps, where read
         lines += ["", "## By concurrency", "",
-                  "| users | requests | TTFT p50 | TTFT p99 | ITL p50 | ITL p90 | ITL p95 | ITL p99 | TPOT p50 | output tok/s |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| users | requests | TTFT p50 | TTFT p99 | ITL p50 | ITL p90 | ITL p95 | ITL p99 | TPOT p50 | output tok/s |"
+                  + (" engine step ms | engine busy |" if steps else ""),
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if steps else "")]
         for c in summary["by_concurrency"]:
-            o = c["overall"]
+            o, st = c["overall"], c.get("server_steps") or {}
             lines.append(f"| {c['users']} | {o['requests']} | {_f(o['ttft_ms']['p50'])} | {_f(o['ttft_ms']['p99'])} | "
                          + " | ".join(_f(o['itl_ms'][f'p{p}']) for p in metrics.PERCENTILES)
-                         + f" | {_f(o['tpot_ms']['p50'])} | {_f(o['output_throughput_tok_s'])} |")
+                         + f" | {_f(o['tpot_ms']['p50'])} | {_f(o['output_throughput_tok_s'])} |"
+                         + (f" {_f(st.get('mean_ms'), 2)} | {_f(_pct(st.get('busy_share')))} % |" if steps else ""))
+        if steps:
+            lines += ["", "Engine step: the mean wall time of the engine's steps in the server over the stage; busy: the "
+                      "share of the stage's time it spent in them (both from the server's /metrics). Inter-token gaps "
+                      "longer than the step are time the server spends between steps."]
         if len(summary["tenants"]) > 1:
             lines += ["", "Per tenant:", "",
                       "| users | tenant | requests | TTFT p50 | ITL p50 | ITL p90 | ITL p99 | TPOT p50 | TPOT p90 | output tok/s |",
@@ -354,6 +415,7 @@ def write_report(out_dir: str | Path) -> dict:
     records = read_records(out / REQUESTS_FILE) if (out / REQUESTS_FILE).is_file() else []
     meta = read_run_meta(out)
     summary = build_summary(records, meta)
+    stage_steps(summary["by_concurrency"], meta, read_readings(out / STEPS_FILE))
     summary["files"] = {"requests": REQUESTS_FILE, "report": REPORT_FILE, "plots": dict(PLOTS)}
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     measured = [r for r in records if not r.warmup]

@@ -11,7 +11,8 @@ starts; add any Locust option after `--`), so a run here and a hand-started or d
 (`--processes N`, or `--master` + workers) behave the same. The report folder holds requests.jsonl
 (every request, the source of truth), run.json, summary.json, report.md, PNG plots, Locust's own
 locust.html / locust_*.csv, and where the server's /metrics answers, server_steps.json (how many engine steps ran
-and how many tokens each took, preemptions). Exit status: Locust's (1 when any request failed), 2 on a bad setup.
+and how many tokens each took, preemptions; and its readings through the run, from which the report gives each stage
+of users its engine steps: a step's time in the server beside the inter-token gaps the clients saw). Exit status: Locust's (1 when any request failed), 2 on a bad setup.
 
 With no server ready at --host, one is started through the project's launcher (server.serve) with
 the tenants' models on the --host / --grpc-url ports and stopped at the end (`--server never`
@@ -29,6 +30,8 @@ import re
 import shlex
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -219,15 +222,32 @@ def main(argv=None) -> int:
 
 
 def _run(a: argparse.Namespace, out: Path, models: list[str]) -> int:
-    from loadtest.report import write_report  # no gevent in this process: Locust runs in a child
+    from loadtest.report import STEPS_FILE, steps_between, write_report  # no gevent here: Locust runs in a child
 
     out.mkdir(parents=True, exist_ok=True)
     cmd = locust_command(a, out)
     metrics_url = a.metrics_url or _default_metrics_url(a.host)
     before = engine_steps(metrics_url, models)
+    readings, done = [], threading.Event()  # (wall time, engine_steps) every second of the run
+
+    def read_steps():
+        while not done.wait(STEP_READING_S):
+            reading = engine_steps(metrics_url, models)
+            if reading is not None:
+                readings.append((time.time(), reading))
+
+    reader = threading.Thread(target=read_steps, daemon=True)
+    if before is not None:
+        reader.start()
     print("+", shlex.join(cmd), flush=True)
     rc = subprocess.call(cmd)
-    steps = steps_between(before, engine_steps(metrics_url, models))
+    done.set()
+    after = engine_steps(metrics_url, models)
+    steps = steps_between(before, after)
+    if steps is not None:  # (before the report, which reads its readings)
+        reader.join()
+        steps["readings"] = [[t, {k: r[k] for k in STEP_KEYS}] for t, r in readings]
+        (out / STEPS_FILE).write_text(json.dumps(steps, indent=1) + "\n")
     if not (out / "requests.jsonl").is_file():
         print(f"locust exited with {rc} and recorded no requests", file=sys.stderr)
         return rc or 2
@@ -237,7 +257,6 @@ def _run(a: argparse.Namespace, out: Path, models: list[str]) -> int:
           f"ITL p50 {o['itl_ms']['p50'] or 0:.1f} ms, TPOT p50 {o['tpot_ms']['p50'] or 0:.1f} ms, "
           f"{o['output_throughput_tok_s'] or 0:.1f} output tok/s, goodput {100 * (o['goodput']['share'] or 0):.0f} %")
     if steps is not None:
-        (out / "server_steps.json").write_text(json.dumps(steps, indent=1) + "\n")
         print(f"engine: {steps['steps']} steps of {steps['mean_tokens']:.0f} tokens and {steps['mean_ms']:.1f} ms on "
               f"average (half of them at most {steps['p50_tokens_at_most']:g} tokens), {steps['preemptions']} "
               f"preemptions, {steps['prefix_cache_hit_tokens']} of {steps['prompt_tokens']} prompt tokens from the "
@@ -251,6 +270,10 @@ def _default_metrics_url(host: str) -> str:
     return f"http://{u.hostname}:{(u.port or 80) + 2}/metrics"
 
 
+STEP_READING_S = 1.0  # the server's /metrics read this often during a run (it logs its steps every 0.5 s)
+STEP_KEYS = ("steps", "preemptions", "prompt_tokens", "prefix_cache_hit_tokens")  # what `steps_between` reads
+
+
 def engine_steps(metrics_url: str, models: list[str]) -> dict | None:
     """The server's /metrics for `models` (`loadtest.soak.server_metrics`: its steps' tokens and preemptions among
     them); None where it does not answer or counts no steps (another server)."""
@@ -261,26 +284,6 @@ def engine_steps(metrics_url: str, models: list[str]) -> dict | None:
     except (OSError, ValueError):
         return None
     return m if m["steps"]["le"] else None
-
-
-def steps_between(before: dict | None, after: dict | None) -> dict | None:
-    """The engine's steps between two `engine_steps` readings: how many, their mean tokens and milliseconds, the
-    tokens a second of stepping, the share at most each bucket's bound, the smallest bound that half of them fit,
-    the preemptions, and the prompt tokens admitted and those taken from the prefix cache."""
-    if before is None or after is None:
-        return None
-    b, a = before["steps"], after["steps"]
-    steps = a["count"] - b["count"]
-    if steps <= 0:
-        return None
-    at_most = {le: (a["le"][le] - b["le"].get(le, 0.0)) / steps for le in sorted(a["le"])}
-    tokens, seconds = a["sum"] - b["sum"], a.get("seconds", 0.0) - b.get("seconds", 0.0)
-    return {"steps": int(steps), "mean_tokens": tokens / steps, "mean_ms": 1e3 * seconds / steps,
-            "tokens_per_s": tokens / seconds if seconds > 0 else None,
-            "share_at_most": {f"{le:g}": share for le, share in at_most.items()},
-            "p50_tokens_at_most": next(le for le, share in at_most.items() if share >= 0.5),
-            **{key: int(after[key] - before[key])
-               for key in ("preemptions", "prompt_tokens", "prefix_cache_hit_tokens")}}
 
 
 if __name__ == "__main__":

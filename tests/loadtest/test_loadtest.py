@@ -372,6 +372,28 @@ def test_report_from_raw_files(tmp_path):
         assert f"({fname})" in md
 
 
+def test_each_step_of_users_gets_the_server_steps_read_in_its_time(tmp_path):
+    """server_steps.json's readings of /metrics through the run (as loadtest.run writes them: bucket bounds as JSON
+    strings) give each stage of users the engine's steps between its first and last reading: their mean wall time
+    and the share of the stage spent in them; the report's table shows both."""
+    _fake_run(tmp_path)
+    started, readings, count, seconds = 1_000.0, [], 0, 0.0
+    for k in range(31):  # a reading a second; a step of 10 / 20 / 40 ms, 25 / 20 / 10 of them a second by stage
+        step_ms, per_s = ((10.0, 25), (20.0, 20), (40.0, 10))[min(k // 10, 2)]
+        if k:
+            count, seconds = count + per_s, seconds + per_s * step_ms / 1e3
+        steps = {"le": {"1.0": count, "Infinity": count}, "count": count, "sum": 3.0 * count, "seconds": seconds}
+        readings.append([started + k + 0.5, {"steps": steps, "preemptions": 0, "prompt_tokens": count,
+                                             "prefix_cache_hit_tokens": 0}])
+    (tmp_path / "server_steps.json").write_text(json.dumps({"steps": count, "readings": readings}))
+    one, two, four = write_report(tmp_path)["by_concurrency"]
+    assert [s["server_steps"]["steps"] for s in (one, two, four)] == [9 * 25, 9 * 20, 9 * 10]
+    assert [s["server_steps"]["mean_ms"] for s in (one, two, four)] == pytest.approx([10.0, 20.0, 40.0])
+    assert [s["server_steps"]["busy_share"] for s in (one, two, four)] == pytest.approx([0.25, 0.4, 0.4])
+    md = (tmp_path / "report.md").read_text()
+    assert "engine step ms | engine busy |" in md and "| 10.00 | 25.0 % |" in md
+
+
 def test_a_request_sent_late_in_a_step_leaves_its_later_gaps_to_the_next(tmp_path):
     """A request sent at the end of the 1-user step that streams on into the 2-user step (slowly, as it would
     beside more users): it counts among the first step's requests, but its slow gaps go to the second step's ITL

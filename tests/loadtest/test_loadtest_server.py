@@ -279,6 +279,9 @@ def test_make_loadtest_smoke(triton_server, tmp_path):
     assert steps["mean_ms"] > 0
     assert steps["tokens_per_s"] == pytest.approx(steps["mean_tokens"] / steps["mean_ms"] * 1e3)
     assert steps["share_at_most"]["inf"] == 1.0 and "engine: " in proc.stdout
+    # and its readings through the 12 s run, a second apart, never counting fewer steps than the one before
+    counts = [r["steps"]["count"] for _, r in steps["readings"]]
+    assert len(counts) >= 8 and counts == sorted(counts) and counts[-1] > counts[0]
     # the prompt tokens the server admitted hold every measured request's; none came from the cache (off here)
     sent = sum(round(s["input_tokens_per_request"]["mean"] * s["input_tokens_per_request"]["count"])
                for s in summary["tenants"].values() if s["input_tokens_per_request"]["count"])
