@@ -148,7 +148,6 @@ class StepGraphs:
             # pieces: the attention eagerly between graph pieces, of the step's T rows (padding rows read zeros)
             key = ("pieces" if eager_attention else "mixed", size)
             pad, num_tiles = (size - T, *place), self.cache.num_tiles(size, self.max_batch)
-        self.cache.wait_compressed()  # the side stream's compression: waited for outside the graph
         if key[0] != "pieces":  # (the eager attention between pieces builds what it reads)
             batch.decode_meta = self.cache.build_decode_meta(batch, self.meta, pad, num_tiles, self.cache.rows_apart)
         self.tokens[:T].copy_(torch.tensor(tokens), non_blocking=True)
@@ -178,7 +177,6 @@ class StepGraphs:
         T = len(positions)
         if (first, last) not in self.layer_groups or T > self.layer_tokens:
             return None
-        self.cache.wait_compressed()  # (as in `run`)
         size = next(s for s in self.layer_sizes if s >= T)
         key = ("layers", first, size)
         pad = (size - T, self.cache.scratch_block, self.cache.scratch_slot)

@@ -88,8 +88,6 @@ class EngineArgs:
                                        # the kernels on any device (CPU: Triton's interpreter, tests)
     enable_prefix_caching: bool = False  # a request whose first tokens fill blocks cached from an earlier one
                                          # (a chat's history) takes those blocks, not computing them (kv_cache.py)
-    kv_compress_stream: bool = False   # CUDA: compress the blocks decode steps fill on a side stream (no
-                                       # gain measured: the basis solve synchronises; BENCHMARKS.md 2b)
     enforce_eager: bool = False        # CUDA: no CUDA graphs (backend/cuda_graphs.py)
     cuda_graph_max_tokens: int = 512   # CUDA: steps with prompt chunks of up to this many tokens replay graphs
                                        # too (fp16/full KV), and prompt chunks beside running decodes are cut to
@@ -285,7 +283,7 @@ class LLMEngine:
         layer_rows = StepGraphs.layer_rows(graph_tokens, self.layer_groups(), a.max_num_batched_tokens)
         self.cache = PagedKVCache(self.cfg, self.model.rotary, kv_format, a.kv_options, budget_bytes, max_num_seqs,
                                   self.model.embed_tokens.weight.dtype, a.device, a.attention_backend,
-                                  a.kv_compress_stream, max_query_rows=max(graph_tokens, layer_rows),
+                                  max_query_rows=max(graph_tokens, layer_rows),
                                   prefix_caching=a.enable_prefix_caching)
         self.model.rotate_values(self.cache.value_rotation)  # the values this cache stores: V, or V R
         self.graphs = None  # graphs hold the old cache's tensors: captured anew for this one

@@ -149,7 +149,7 @@ class BlockAllocator:
 class PagedKVCache:
     def __init__(self, cfg: ModelConfig, rotary, kv_format: str = "fp16", kv_options: dict | None = None,
                  budget_bytes: int = 256 << 20, max_num_seqs: int = 16, dtype=torch.float32, device="cpu",
-                 attention_backend: str = "auto", compress_stream: bool = False, max_query_rows: int = 0,
+                 attention_backend: str = "auto", max_query_rows: int = 0,
                  prefix_caching: bool = False):
         """`max_query_rows`: the most query rows of a step the decode kernels take (at least `max_num_seqs`;
         more when CUDA graphs carry prompt chunks beside decodes). `prefix_caching`: `match_prefix`."""
@@ -212,9 +212,7 @@ class PagedKVCache:
         self.decode_kernel = None
         self.tiles_kernel = None  # a step's prompt chunks and decodes in one launch (page-addressed formats)
         self.compress = self._encode_blocks  # a windowed format's full blocks -> their compressed form
-        self.compress_stream = None  # side CUDA stream for the blocks decode steps fill (None: inline)
-        self._filled = []            # blocks this decode step filled, compressed at commit
-        self._compressing = None     # the event of the side stream's last compression
+        self._filled = []  # blocks this decode step filled, compressed at commit
         # mixed graph steps of a windowed format's decode kernel: this many leading rows (the decodes come first; with
         # fewer decodes, a chunk's first rows too: a graph's launch has a static shape) through a decode launch of their
         # own, the rest in tiles; 0: every row in tiles. A decode row with a long history costs far more in an 8-row
@@ -241,8 +239,6 @@ class PagedKVCache:
                 self.decode_kernel, self.tiles_kernel = self.kernels.decode, self.kernels.tiles
                 if self.kernels.compress is not None:
                     self.compress = self._compress_kernel
-                    if compress_stream:  # blocks filled by decode steps: compressed behind the attention
-                        self.compress_stream = torch.cuda.Stream(device)
         # a windowed format's decode steps on the PyTorch path read every sequence at once (`_attend_windows`), but
         # a sink or saliency only sequence by sequence
         self.windows_at_once = not self.sink_tokens and self.window_attn is None
@@ -271,20 +267,12 @@ class PagedKVCache:
 
     def _compress_filled(self):
         """Compress the blocks that the step's layers filled (decodes' read from the window until now; prompt
-        chunks' copied from it, `defer_prompt_blocks`), all layers in one call, on the side stream when there is
-        one: after the step's forward, overlapping its sampling. The next touch of the window or the blocks waits
-        for it (`wait_compressed`)."""
+        chunks' copied from it, `defer_prompt_blocks`), all layers in one call, after the step's forward. (On a
+        side stream it gained nothing: the basis solve's eigh waits for the host, which waits for the stream;
+        journal 2026-11-30 2b, 2026-12-04, 2026-12-06.)"""
         blocks, self._filled = self._filled, []
-        if not blocks:
-            return
-        if self.compress_stream is None:
+        if blocks:
             self.compress(blocks)
-            return
-        self.compress_stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.compress_stream):
-            self.compress(blocks)
-            self._compressing = torch.cuda.Event()
-            self._compressing.record()
 
     # ---- window runs: a prompt chunk across blocks in one graph step ----------------------------------------
     def add_window_runs(self, rows: int, runs: int = 2):
@@ -320,19 +308,12 @@ class PagedKVCache:
         first = free[0]
         self._runs[id(seq)] = first
         if off:
-            self.wait_compressed()
             self._copy_window(seq.window_slot, first, off)
 
     def _copy_window(self, src: int, dst: int, tokens: int):
         """The first `tokens` of window slot `src` into slot `dst`, keys and values of every layer."""
         for window in (self.window_k, self.window_v):
             window[:, dst, :tokens] = window[:, src, :tokens]
-
-    def wait_compressed(self):
-        """Before a window or a block is read or written: the side stream's compression is done."""
-        if self._compressing is not None:
-            torch.cuda.current_stream(self.device).wait_event(self._compressing)
-            self._compressing = None
 
     # ---- allocation -------------------------------------------------------------------
     def blocks_needed(self, seq: SeqKV, num_new: int) -> int:
@@ -449,7 +430,6 @@ class PagedKVCache:
         if not self.windowed:
             k, v = self.format.decode(layer, seq.block_table[:-(-P // bs)])
             return self._rope_on_read(k[:P], 0), v[:P]
-        self.wait_compressed()
         closed, in_window = divmod(P, bs)
         if self.use_triton and self.kernels is not None and self.kernels.rebuild is not None:
             # the closed blocks rebuilt in one launch, keys already rotated: only the window's need RoPE (no sink:
@@ -487,7 +467,6 @@ class PagedKVCache:
             table = torch.tensor(seq.block_table, dtype=torch.long)
             self.format.write(layer, table[pos // bs].to(k.device), (pos % bs).to(k.device), k, v)
             return
-        self.wait_compressed()
         done, full = 0, []
         while done < n:
             pos = start + done
@@ -775,7 +754,6 @@ class PagedKVCache:
         scale = q.shape[-1] ** -0.5
         if self.windowed:  # ALR-KVD or KIVI kernel: every new token into its window slot, then attend; the
             # blocks this step fills are read from the window and compressed at commit (all layers at once)
-            self.wait_compressed()
             self.store_kv(k_store, v, self.window_k[layer], self.window_v[layer], *meta["window_index"])
             if self.decode_kernel is None:
                 return self._attend_windows(layer, q, meta)

@@ -139,14 +139,11 @@ def kernel_tokens(kv_format: str = "alrkvd", steps: int = 60) -> list[dict]:
     tokens = {}
     label = kv_format
     kv_format, options = kernel_format(kv_format, 64)
-    for backend, side_stream, eager in (("auto", False, False), ("auto-side-stream", True, False),
-                                        ("auto-eager", False, True), ("torch", False, True)):
+    for backend, eager in (("auto", False), ("auto-eager", True), ("torch", True)):
         engine = LLMEngine(EngineArgs(model=folder, load_format="dummy", tokenizer="none", device="cuda",
                                       dtype="float32", kv_format=kv_format, kv_options=options,
-                                      attention_backend=backend.split("-")[0], max_num_seqs=4,
-                                      kv_compress_stream=side_stream, enforce_eager=eager))
+                                      attention_backend=backend.split("-")[0], max_num_seqs=4, enforce_eager=eager))
         assert (engine.cache.decode_kernel is not None) == (backend != "torch"), f"{kv_format}: no decode kernel"
-        assert (engine.cache.compress_stream is not None) == (backend == "auto-side-stream" and kv_format == "alrkvd")
         assert (engine.graphs is not None) == (not eager)
         params = SamplingParams(max_tokens=steps, temperature=0, ignore_eos=True)
         rids = [engine.add_request(None, SamplingParams(**vars(params)), prompt_ids=p) for p in prompts]
@@ -155,11 +152,10 @@ def kernel_tokens(kv_format: str = "alrkvd", steps: int = 60) -> list[dict]:
             done |= {o.request_id: o.token_ids for o in engine.step() if o.finished}
         tokens[backend] = [done[r] for r in rids]
     rows = []
-    for n, a, side, eager, b in zip((300, 250, 90), tokens["auto"], tokens["auto-side-stream"], tokens["auto-eager"],
-                                    tokens["torch"]):
+    for n, a, eager, b in zip((300, 250, 90), tokens["auto"], tokens["auto-eager"], tokens["torch"]):
         rows.append({"kv_format": label, "prompt_tokens": n, "steps": steps, "equal": a == b,
                      "first_difference": next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None),
-                     "side_stream_equals_inline": side == a, "graphs_equal_eager": a == eager})
+                     "graphs_equal_eager": a == eager})
     return rows
 
 
@@ -229,9 +225,9 @@ def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv
     """`expert_fractions` below 1: the routed experts stream from pinned host memory through a
     device cache of that fraction of their bytes (backend/experts.py), the whole model in the engine.
     `kv_formats`: the paged cache's format (fp16: the Triton paged kernel; others: their decode path);
-    `alrkvd` (`alrkvd-rotated`, `alrkvd-gpu`) gives three rows from one engine: the blocks a decode step fills
-    compressed on the main stream when the step's forward is queued (the default: CUDA graphs where decode steps
-    replay them), the same eagerly, and on a side stream (kv_compress_stream=True).
+    `alrkvd` (`alrkvd-rotated`, `alrkvd-gpu`) gives two rows from one engine: the blocks a decode step fills
+    compressed when the step's forward is queued (CUDA graphs where decode steps replay them), and the same
+    eagerly.
     `modes`: decode steps replayed as CUDA graphs (`graphs`, the engine's default where it can) or launched
     from Python (`eager`), in the same engine."""
     rows = []
@@ -243,29 +239,24 @@ def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv
         on_device = weights if expert_budget is None else weights - experts + expert_budget
         budget = torch.cuda.mem_get_info()[0] - on_device - (6 << 30)  # headroom for activations
         engine = dummy_engine(name, kv_format, kv_budget_bytes=budget, max_num_seqs=64,
-                              expert_budget_bytes=expert_budget, kv_compress_stream=True)
+                              expert_budget_bytes=expert_budget)
         counter = ExpertCounter(engine.model)
         # a prompt that fills a block: compiles what compressing one needs before anything is timed
         engine.add_request(None, SamplingParams(max_tokens=2, ignore_eos=True), prompt_ids=[1] * (engine.cache.block_size + 8))
         while engine.has_unfinished():
             engine.step()
-        side_stream = engine.cache.compress_stream
         graphs = engine.graphs
         compression = graphs.compression if graphs is not None else None
         if compression is not None:
             compression.capture_all()  # as the server does at start-up
-        # ALR-KVD in the same engine: the blocks decode steps fill compressed inline (the default), through CUDA
-        # graphs where the step is one (`CompressGraphs`); then eagerly (the code before 2026-12-06); then on the
-        # side stream
-        variants = [(kv_format, None, compression)]
+        # ALR-KVD in the same engine: the blocks decode steps fill compressed through CUDA graphs where the step is
+        # one (`CompressGraphs`), then eagerly (the code before 2026-12-06)
+        variants = [(kv_format, compression)]
         if compression is not None:
-            variants.append((f"{kv_format}, compression eager", None, engine.cache.kernels.compress))
-        if side_stream is not None:
-            variants.append((f"{kv_format}, side stream", side_stream, compression))
+            variants.append((f"{kv_format}, compression eager", engine.cache.kernels.compress))
         for batch in batches:
             for context in contexts:
-                for (label, stream, compress), mode in [(v, m) for v in variants for m in modes]:
-                    engine.cache.compress_stream = stream
+                for (label, compress), mode in [(v, m) for v in variants for m in modes]:
                     if compress is not None:
                         engine.cache.compress_blocks = compress
                     engine.graphs = graphs if mode == "graphs" else None
