@@ -383,8 +383,9 @@ def render_markdown(summary: dict) -> str:
                          + (f" {_f(st.get('mean_ms'), 2)} | {_f(_pct(st.get('busy_share')))} % |" if steps else ""))
         if steps:
             lines += ["", "Engine step: the mean wall time of the engine's steps in the server over the stage; busy: the "
-                      "share of the stage's time it spent in them (both from the server's /metrics). Inter-token gaps "
-                      "longer than the step are time the server spends between steps."]
+                      "share of the stage's time it spent in them (both from the server's /metrics, which it updates every "
+                      "0.5 s: a few percent either way). Inter-token gaps longer than the step are time the server "
+                      "spends between steps."]
         if len(summary["tenants"]) > 1:
             lines += ["", "Per tenant:", "",
                       "| users | tenant | requests | TTFT p50 | ITL p50 | ITL p90 | ITL p99 | TPOT p50 | TPOT p90 | output tok/s |",
