@@ -920,3 +920,37 @@ def test_post_rope_decode_positions_and_compressed_scores(frame):
     q = torch.randn(128, H, D)
     ref = (q * k2).sum(-1)
     assert torch.allclose(fmt.key_scores(0, 2, q, start_pos=256), ref, atol=1e-3, rtol=1e-4)
+
+
+def test_decode_meta_tables_follow_each_block_table_as_it_grows_and_is_replaced():
+    """A step's block tables come from each sequence's int32 copy of its table (`SeqKV.table_row`, made again only
+    when the table grew or was replaced): through appends, a free and a new table of the same length with other
+    blocks, and padding rows, every row equals its sequence's list (zeros past it; the scratch block's for padding)."""
+    from backend.kv_cache import AttentionBatch, SeqKV
+    cache, _ = _cache("fp16", {}, max_num_seqs=4)
+    a, b = SeqKV(), SeqKV()
+    for seq, n in ((a, 40), (b, 7)):
+        cache.allocate(seq, n)
+        seq.num_tokens = n - 1
+
+    def tables(pad_rows=0):
+        meta = cache.build_decode_meta(AttentionBatch([a, b], [1, 1]), pad=(pad_rows, cache.scratch_block, 0))
+        return meta["tables"].tolist()
+
+    def expected(pad_rows=0):
+        width = max(len(a.block_table), len(b.block_table))
+        rows = [s.block_table + [0] * (width - len(s.block_table)) for s in (a, b)]
+        return rows + [[cache.scratch_block] * width] * pad_rows
+
+    assert tables() == expected()
+    cache.allocate(a, 40)  # a grows by blocks
+    a.num_tokens = 79
+    assert tables(pad_rows=2) == expected(pad_rows=2)
+    before = list(b.block_table)
+    cache.free(b)  # b replaced by a table of the same length over other blocks
+    taken = cache.allocator.allocate(1)
+    cache.allocate(b, 7)
+    cache.allocator.free(taken)
+    b.num_tokens = 6
+    assert b.block_table != before and len(b.block_table) == len(before)
+    assert tables() == expected()
