@@ -217,7 +217,7 @@ class LLMEngine:
             raise ValueError(f"max_num_seqs ({args.max_num_seqs}) must not exceed max_num_batched_tokens "
                              f"({args.max_num_batched_tokens}): every running decode goes in every step")
         self.args = args
-        self.on_launch = None  # called once a step's forward is queued on the device, before the host waits for it
+        self.on_launch = lambda: None  # once a step's forward is queued on the device, before the host waits for it
         if args.max_step_ratio is not None and args.max_step_ratio <= 1:
             raise ValueError(f"max_step_ratio must exceed 1 (a step with prompt tokens outlasts a decode step), "
                              f"not {args.max_step_ratio}")
@@ -541,7 +541,7 @@ class LLMEngine:
         if hidden is None:
             hidden = self.model(torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
                                 self.cache, batch)
-        self._launched()
+        self.on_launch()
         ready, rows = self._commit(batch, scheduled, last)
         return self._sample(ready, hidden[rows]) if ready else []
 
@@ -581,7 +581,7 @@ class LLMEngine:
             out = self.model.forward_layers(layered.hidden, layered.residual, torch.tensor(positions, device=device),
                                             self.cache, batch, first, last)
             layered.hidden, layered.residual = out
-        self._launched()
+        self.on_launch()
         self.layered_plan, layered.next_layer = (list(layered.chunks), first, last), last
         if last < L:
             return []
@@ -590,10 +590,6 @@ class LLMEngine:
         if not ready:  # chunks of longer prompts
             return []
         return self._sample(ready, self.model.final_norm(layered.hidden[rows], layered.residual[rows]))
-
-    def _launched(self):
-        if self.on_launch is not None:
-            self.on_launch()
 
     def _sample(self, seqs: list[Sequence], hidden: torch.Tensor) -> list[RequestOutput]:
         """Each sequence's next token from its last position's final hidden state (a row of `hidden`)."""

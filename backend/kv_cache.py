@@ -653,11 +653,11 @@ class PagedKVCache:
         pos = torch.cat([torch.arange(p, p + n) for p, n in zip(first, query_lens)])
         seq_of_row = torch.repeat_interleave(torch.arange(len(query_lens)), torch.tensor(query_lens))
         width = max(len(s.block_table) for s in batch.seqs)
-        tables = np.full((len(batch.seqs) + 1, width), pad_block, dtype=np.int32)  # (the last: padding rows')
+        tables = np.zeros((len(batch.seqs) + 1, width), dtype=np.int32)
         for i, s in enumerate(batch.seqs):
             row = s.table_row()
             tables[i, :len(row)] = row
-            tables[i, len(row):] = 0
+        tables[-1] = pad_block  # (the padding rows')
         tables = torch.from_numpy(tables)[seq_of_row]
         if pad_rows:  # every padding row writes and reads the scratch block's first token
             pos[-pad_rows:] = 0

@@ -165,13 +165,10 @@ def stage_steps(by_concurrency: list[dict], meta: dict, readings: list) -> None:
     for step in by_concurrency:
         window = stage_window(step["users"], meta)
         inside = [(t, r) for t, r in readings if window is not None and window[0] <= t <= window[1]]
-        if len(inside) < 2:
-            continue
-        (t0, first), (t1, last) = inside[0], inside[-1]
-        steps = steps_between(first, last)
+        steps = steps_between(inside[0][1], inside[-1][1]) if len(inside) >= 2 else None
         if steps is not None:
-            busy = last["steps"].get("seconds", 0.0) - first["steps"].get("seconds", 0.0)
-            step["server_steps"] = {**steps, "busy_share": busy / (t1 - t0)}
+            busy_s = steps["steps"] * steps["mean_ms"] / 1e3
+            step["server_steps"] = {**steps, "busy_share": busy_s / (inside[-1][0] - inside[0][0])}
 
 
 def read_readings(path: Path) -> list:
@@ -382,10 +379,10 @@ def render_markdown(summary: dict) -> str:
                          + f" | {_f(o['tpot_ms']['p50'])} | {_f(o['output_throughput_tok_s'])} |"
                          + (f" {_f(st.get('mean_ms'), 2)} | {_f(_pct(st.get('busy_share')))} % |" if steps else ""))
         if steps:
-            lines += ["", "Engine step: the mean wall time of the engine's steps in the server over the stage; busy: the "
-                      "share of the stage's time it spent in them (both from the server's /metrics, which it updates every "
-                      "0.5 s: a few percent either way). Inter-token gaps longer than the step are time the server "
-                      "spends between steps."]
+            lines += ["", "Engine step: the mean wall time of the engine's steps in the server over the stage; busy: "
+                      "the share of the stage's time it spent in them (both from the server's /metrics, which it "
+                      "updates every 0.5 s: a few percent either way). Inter-token gaps longer than the step are time "
+                      "the server spends between steps."]
         if len(summary["tenants"]) > 1:
             lines += ["", "Per tenant:", "",
                       "| users | tenant | requests | TTFT p50 | ITL p50 | ITL p90 | ITL p99 | TPOT p50 | TPOT p90 | output tok/s |",

@@ -12,7 +12,8 @@ starts; add any Locust option after `--`), so a run here and a hand-started or d
 (every request, the source of truth), run.json, summary.json, report.md, PNG plots, Locust's own
 locust.html / locust_*.csv, and where the server's /metrics answers, server_steps.json (how many engine steps ran
 and how many tokens each took, preemptions; and its readings through the run, from which the report gives each stage
-of users its engine steps: a step's time in the server beside the inter-token gaps the clients saw). Exit status: Locust's (1 when any request failed), 2 on a bad setup.
+of users its engine steps: a step's time in the server beside the inter-token gaps the clients saw). Exit status:
+Locust's (1 when any request failed), 2 on a bad setup.
 
 With no server ready at --host, one is started through the project's launcher (server.serve) with
 the tenants' models on the --host / --grpc-url ports and stopped at the end (`--server never`
