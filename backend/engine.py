@@ -122,8 +122,8 @@ class EngineArgs:
     overlap_outputs: bool | None = None  # AsyncEngine: a step's outputs go to their streams once the next step is
                                          # queued on the device, so the server's Python for each token (responses,
                                          # sends) runs while the GPU computes instead of contending for the GIL
-                                         # in the host's part of the next step (served, 32 users, H100: 992 ->
-                                         # 1,145 tok/s; BENCHMARKS.md Decisions). None: on CUDA (on the CPU the
+                                         # in the host's part of the next step (served, 32 users, H100: 1,128 ->
+                                         # 1,235 tok/s; BENCHMARKS.md Decisions). None: on CUDA (on the CPU the
                                          # next forward is the host's own work: each token would wait a step)
 
 
