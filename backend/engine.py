@@ -166,7 +166,7 @@ class LayeredChunks:
 
 
 class Sequence:
-    def __init__(self, request_id, prompt_ids, params, detok, priority, max_len):
+    def __init__(self, request_id, prompt_ids, params, detok, priority, max_len, device="cpu"):
         self.request_id, self.prompt_ids, self.params, self.priority = request_id, prompt_ids, params, priority
         self.all_ids: list[int] = list(prompt_ids)  # the prompt, then each sampled token: one list, read by every
         # step without a copy (a long context is not rebuilt per step and sequence)
@@ -176,7 +176,8 @@ class Sequence:
         self.arrival = time.monotonic()
         self.max_len = max_len
         self.finish_reason: str | None = None
-        self.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        # on the logits' device: the sampler draws a seeded row's noise there (a CPU generator cannot draw on CUDA)
+        self.generator = torch.Generator(device).manual_seed(params.seed) if params.seed is not None else None
         self.matcher = None  # the response_format's grammar state (backend/structured.py)
 
     @property
@@ -320,7 +321,7 @@ class LLMEngine:
             raise ValueError(f"prompt needs {blocks} KV blocks; the cache holds {self.cache.allocator.num_blocks}")
         params.validate(self.limits)
         seq = Sequence(request_id, ids, params, IncrementalDetokenizer(self.tokenizer, ids) if self.tokenizer else None, priority,
-                       self.max_model_len)
+                       self.max_model_len, self.args.device)
         if params.response_format is not None:
             seq.matcher = self.grammars.matcher(params.response_format)  # ValueError: it does not compile
         self.requests[request_id] = seq

@@ -116,30 +116,54 @@ class SamplingParams:
 
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None]) -> list[int | Exception]:
-    """One token per row of logits [B, V]; greedy rows take the argmax. A row whose sampling fails
-    gets its exception in place of a token, so one request's failure is that request's alone."""
-    if all(p.greedy for p in params):  # one device sync for the whole batch
+    """One token per row of logits [B, V]; greedy rows take the argmax, the others sample as one batch: one device
+    sync for the whole batch (a row at a time, a step of 32 sampled rows waited on the GPU 32 times). Should the
+    batch raise, each row samples alone, so that one request's failure is that request's alone."""
+    if all(p.greedy for p in params):
         return logits.argmax(-1).tolist()
+    try:
+        return [t if t >= 0 else ValueError("no token has a finite probability")
+                for t in sample_batch(logits, params, generators).tolist()]
+    except Exception:  # noqa: BLE001 - then row by row, each row's error its own
+        pass
     out: list[int | Exception] = []
     for row, p, gen in zip(logits, params, generators):
         try:
-            out.append(int(row.argmax()) if p.greedy else _sample_row(row, p, gen))
+            out.append(sample_batch(row[None], [p], [gen]).item())
         except Exception as e:  # noqa: BLE001 - reported to that request
             out.append(e)
     return out
 
 
-def _sample_row(row: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
-    row = row.float() / p.temperature
-    if p.top_k > 0:
-        kth = torch.topk(row, min(p.top_k, row.numel())).values[-1]
-        row = row.masked_fill(row < kth, float("-inf"))
-    probs = torch.softmax(row, -1)
-    if p.top_p < 1:
-        sorted_probs, idx = probs.sort(descending=True)
-        # keep the smallest prefix whose mass reaches top_p, and always the most likely token
-        # (a top_p that rounds to 0 in float32 would otherwise drop them all)
-        drop = sorted_probs.cumsum(-1) - sorted_probs >= p.top_p
-        drop[0] = False
-        probs = probs.scatter(0, idx, sorted_probs.masked_fill(drop, 0))
-    return int(torch.multinomial(probs, 1, generator=gen))
+def sample_batch(logits: torch.Tensor, params: list[SamplingParams],
+                 generators: list[torch.Generator | None]) -> torch.Tensor:
+    """Token ids [B] on the logits' device, -1 where a row has no token of finite probability. Temperature, then
+    top-k (ties at the k-th value kept), then top-p (the smallest prefix reaching it, always the most likely token),
+    then an exponential race: the argmax of p / E, E ~ Exp(1), picks token i with probability p_i, without the
+    multinomial's host sync. A seeded row draws its E from its own generator, so its tokens do not depend on the
+    other rows of the batch."""
+    B, V = logits.shape
+    device = logits.device
+    greedy = torch.tensor([p.greedy for p in params], device=device)
+    x = logits.float() / torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device)[:, None]
+    ks = [min(p.top_k, V) if p.top_k > 0 else V for p in params]
+    if min(ks) < V:
+        top = torch.topk(x, max(k for k in ks if k < V), dim=-1).values
+        kth = top.gather(1, torch.tensor([[min(k, top.shape[1]) - 1] for k in ks], device=device))
+        kth = kth.masked_fill(torch.tensor([[k == V] for k in ks], device=device), float("-inf"))
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, -1)
+    if any(p.top_p < 1 for p in params):
+        sorted_probs, idx = probs.sort(-1, descending=True)
+        top_p = torch.tensor([[p.top_p if p.top_p < 1 else 2.0] for p in params], device=device)
+        drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p  # (in float32 a top_p below 1e-45 is 0: drops all)
+        drop[:, 0] = False
+        probs = probs.scatter(1, idx, sorted_probs.masked_fill(drop, 0))
+    race = torch.empty_like(probs).exponential_()
+    for i, gen in enumerate(generators):
+        if gen is not None and not params[i].greedy:
+            race[i].exponential_(generator=gen)
+    race.clamp_(min=torch.finfo(race.dtype).tiny)  # a draw of exactly 0 would make 0 / 0 = NaN, which argmax takes
+    tokens = torch.where(greedy, logits.argmax(-1), (probs / race).argmax(-1))
+    finite = torch.isfinite(probs).all(-1) & (probs.sum(-1) > 0)
+    return tokens.masked_fill(~(finite | greedy), -1)
