@@ -544,7 +544,11 @@ class LLMEngine:
                                 self.cache, batch)
         self.on_launch()
         ready, rows = self._commit(batch, scheduled, last)
-        return self._sample(ready, hidden[rows]) if ready else []
+        if not ready:
+            return []
+        # a decode step's rows are its first ones: a slice, where indexing by a list would copy the list to the
+        # device and so wait for the step's forward before the logits could be queued behind it
+        return self._sample(ready, hidden[:len(rows)] if rows[-1] == len(rows) - 1 else hidden[rows])
 
     def _commit(self, batch: AttentionBatch, chunks: list[tuple[Sequence, int]], last: list[int]):
         """The chunks' KV into their sequences' caches (and the prefix cache); the sequences whose whole context is

@@ -143,20 +143,20 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams],
     multinomial's host sync. A seeded row draws its E from its own generator, so its tokens do not depend on the
     other rows of the batch."""
     B, V = logits.shape
-    device = logits.device
-    greedy = torch.tensor([p.greedy for p in params], device=device)
-    x = logits.float() / torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device)[:, None]
     ks = [min(p.top_k, V) if p.top_k > 0 else V for p in params]
+    rows = [(1.0 if p.greedy else p.temperature, k, p.top_p if p.top_p < 1 else 2.0, p.greedy)
+            for p, k in zip(params, ks)]
+    # one copy, queued: a tensor made on the device from a list would wait for the step's forward to finish
+    temperature, top_k, top_p, greedy = torch.tensor(rows).to(logits.device, non_blocking=True).unbind(1)
+    x = logits.float() / temperature[:, None]
     if min(ks) < V:
         top = torch.topk(x, max(k for k in ks if k < V), dim=-1).values
-        kth = top.gather(1, torch.tensor([[min(k, top.shape[1]) - 1] for k in ks], device=device))
-        kth = kth.masked_fill(torch.tensor([[k == V] for k in ks], device=device), float("-inf"))
-        x = x.masked_fill(x < kth, float("-inf"))
+        kth = top.gather(1, (top_k.clamp(max=top.shape[1]).long() - 1)[:, None])
+        x = x.masked_fill((x < kth) & (top_k < V)[:, None], float("-inf"))
     probs = torch.softmax(x, -1)
     if any(p.top_p < 1 for p in params):
         sorted_probs, idx = probs.sort(-1, descending=True)
-        top_p = torch.tensor([[p.top_p if p.top_p < 1 else 2.0] for p in params], device=device)
-        drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p  # (in float32 a top_p below 1e-45 is 0: drops all)
+        drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p[:, None]  # a top_p of 0 in float32: all but the top
         drop[:, 0] = False
         probs = probs.scatter(1, idx, sorted_probs.masked_fill(drop, 0))
     race = torch.empty_like(probs).exponential_()
@@ -164,6 +164,9 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams],
         if gen is not None and not params[i].greedy:
             race[i].exponential_(generator=gen)
     race.clamp_(min=torch.finfo(race.dtype).tiny)  # a draw of exactly 0 would make 0 / 0 = NaN, which argmax takes
-    tokens = torch.where(greedy, logits.argmax(-1), (probs / race).argmax(-1))
-    finite = torch.isfinite(probs).all(-1) & (probs.sum(-1) > 0)
-    return tokens.masked_fill(~(finite | greedy), -1)
+    tokens = (probs / race).argmax(-1)
+    if any(p.greedy for p in params):
+        tokens = torch.where(greedy.bool(), logits.argmax(-1), tokens)
+    # a row without a token of finite probability (NaN probabilities) draws a token of probability NaN or 0
+    drawn = probs.gather(1, tokens[:, None])[:, 0]
+    return tokens.masked_fill(~((drawn > 0) | greedy.bool()), -1)
