@@ -126,9 +126,9 @@ class StepGraphs:
                 and all(m.experts is None or getattr(m.experts.cache, "graph_safe", False)
                         for m in model.modules() if isinstance(m, MoE)))
 
-    def run(self, tokens: list[int], positions: list[int], batch: AttentionBatch) -> torch.Tensor | None:
+    def run(self, tokens: list[int] | torch.Tensor, positions: list[int], batch: AttentionBatch) -> torch.Tensor | None:
         """Final hidden states [T', hidden] of the step (its T tokens' rows first), or None when no graph takes
-        the step (the caller runs it eagerly)."""
+        the step (the caller runs it eagerly). `tokens` on the device: a step queued behind the one that drew them."""
         B, T = len(batch.seqs), len(tokens)
         if B > self.max_batch:
             return None
@@ -150,7 +150,7 @@ class StepGraphs:
             pad, num_tiles = (size - T, *place), self.cache.num_tiles(size, self.max_batch)
         if key[0] != "pieces":  # (the eager attention between pieces builds what it reads)
             batch.decode_meta = self.cache.build_decode_meta(batch, self.meta, pad, num_tiles, self.cache.rows_apart)
-        self.tokens[:T].copy_(torch.tensor(tokens), non_blocking=True)
+        self.tokens[:T].copy_(tokens if torch.is_tensor(tokens) else torch.tensor(tokens), non_blocking=True)
         if size > T:
             self.tokens[T:size].zero_()
         self._rows(positions, size, batch, mixed=key[0] != "decode")

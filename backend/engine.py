@@ -28,7 +28,7 @@ from backend.kv_formats import FORMATS
 from backend.kv_presets import PRESETS, resolve_kv
 from backend.loader import load_model, resolve_source
 from backend.model import MoE
-from backend.sampling import MAX_PROMPT_BYTES, RequestLimits, SamplingParams, sample
+from backend.sampling import MAX_PROMPT_BYTES, RequestLimits, SamplingParams, draw, read_tokens, sample
 from backend.step_cost import StepCost
 from backend.structured import Grammars
 from backend.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -125,6 +125,12 @@ class EngineArgs:
                                          # in the host's part of the next step (served, 32 users, H100: 1,128 ->
                                          # 1,235 tok/s; BENCHMARKS.md Decisions). None: on CUDA (on the CPU the
                                          # next forward is the host's own work: each token would wait a step)
+    async_scheduling: bool = False     # while every running sequence decodes (nothing waiting, no grammar), the next
+                                       # step is queued with the tokens the last one drew on the device, before the
+                                       # host reads them: the host's part of a step (reading and sending the tokens,
+                                       # the next step's metadata and launch) runs while the GPU computes (vLLM V1's
+                                       # async scheduling). A sequence that stops on a sampled token (EOS, a stop
+                                       # string) has one row computed for nothing
 
 
 @dataclass
@@ -139,6 +145,16 @@ class RequestOutput:
     num_prompt_tokens: int
     num_output_tokens: int
     error: str | None = None           # set when finish_reason is "error"
+
+
+@dataclass
+class PendingStep:
+    """A step whose forward and sampling are queued on the device (`async_scheduling`): its decoding sequences, their
+    logits and the tokens drawn from them (None where the batch's draw raised: they sample row by row when read)."""
+    seqs: list
+    batch: AttentionBatch
+    logits: torch.Tensor
+    tokens: torch.Tensor | None
 
 
 @dataclass
@@ -269,6 +285,7 @@ class LLMEngine:
         self.plan: list[tuple[Sequence, int]] = []  # the last step's (sequence, tokens)
         self.layered: LayeredChunks | None = None  # the prompt chunks going through the layers a group a step
         self.layered_plan: tuple[list, int, int] | None = None  # the last step's: (its chunks, first, last layer)
+        self.pending: PendingStep | None = None  # a decode step queued before its tokens were read (async_scheduling)
         self.reset_cache(args.kv_format, args.kv_options, args.kv_budget_bytes, args.max_num_seqs)
 
     def reset_cache(self, kv_format: str, kv_options: dict, budget_bytes: int, max_num_seqs: int):
@@ -367,7 +384,7 @@ class LLMEngine:
         return out
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.pending)
 
     # ---- scheduling ---------------------------------------------------------------------
     def _order(self, seqs):
@@ -500,6 +517,13 @@ class LLMEngine:
     def _step(self) -> list[RequestOutput]:
         start = time.perf_counter()
         self.scheduled, self.layered_plan = [], None
+        if self.pending is not None:  # a decode step queued before the last one's tokens were read
+            step, self.pending = self.pending, None
+            self.scheduled, self.plan = step.seqs, [(seq, 1) for seq in step.seqs]
+            outputs = self._go_on(step)
+            if self.step_cost is not None:
+                self.step_cost.observe(self.step_tokens(), (time.perf_counter() - start) * 1e3)
+            return outputs
         scheduled = self.schedule()
         self.scheduled = [seq for seq, _ in scheduled + (self.layered.chunks if self.layered else [])]
         self.plan = scheduled
@@ -548,7 +572,7 @@ class LLMEngine:
             return []
         # a decode step's rows are its first ones: a slice, where indexing by a list would copy the list to the
         # device and so wait for the step's forward before the logits could be queued behind it
-        return self._sample(ready, hidden[:len(rows)] if rows[-1] == len(rows) - 1 else hidden[rows])
+        return self._go_on(self._draw(ready, hidden[:len(rows)] if rows[-1] == len(rows) - 1 else hidden[rows], batch))
 
     def _commit(self, batch: AttentionBatch, chunks: list[tuple[Sequence, int]], last: list[int]):
         """The chunks' KV into their sequences' caches (and the prefix cache); the sequences whose whole context is
@@ -594,24 +618,79 @@ class LLMEngine:
         ready, rows = self._commit(batch, layered.chunks, ends)
         if not ready:  # chunks of longer prompts
             return []
-        return self._sample(ready, self.model.final_norm(layered.hidden[rows], layered.residual[rows]))
+        return self._go_on(self._draw(ready, self.model.final_norm(layered.hidden[rows], layered.residual[rows]),
+                                      batch))
 
-    def _sample(self, seqs: list[Sequence], hidden: torch.Tensor) -> list[RequestOutput]:
-        """Each sequence's next token from its last position's final hidden state (a row of `hidden`)."""
+    def _draw(self, seqs: list[Sequence], hidden: torch.Tensor, batch: AttentionBatch) -> PendingStep:
+        """Each sequence's next token drawn, queued on the device, from its last position's final hidden state (a
+        row of `hidden`)."""
         logits = self.model.logits(hidden)
         matchers = [seq.matcher for seq in seqs]
         if any(m is not None for m in matchers):
             self.grammars.apply(logits, matchers)
-        new_ids = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        try:
+            tokens = draw(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        except Exception:  # noqa: BLE001 - the rows sample one by one when read (`sample`), each error its own
+            tokens = None
+        return PendingStep(seqs, batch, logits, tokens)
+
+    def _go_on(self, step: PendingStep) -> list[RequestOutput]:
+        """The step's tokens read and appended to their sequences. With `async_scheduling` the next step is queued
+        before that (`_launch_ahead`), and its KV committed after: the prefix cache hashes a block with its tokens."""
+        ahead = self._launch_ahead(step) if self.args.async_scheduling else None
+        outputs = self._take(step)
+        if ahead is not None:
+            self.cache.commit(ahead.batch)
+            for seq in ahead.seqs:
+                if seq.finish_reason is None:  # (one that stopped on the token it took: its KV is freed)
+                    self.cache.cache_blocks(seq.kv, seq.all_ids)
+            self.pending = ahead
+        return outputs
+
+    def _take(self, step: PendingStep) -> list[RequestOutput]:
+        """The step's tokens on the host (the wait on the device), each appended to its sequence or failing it alone;
+        nothing for the sequences that finished since the step was queued (aborted, timed out, stopped)."""
+        seqs = step.seqs
+        ids = (read_tokens(step.tokens) if step.tokens is not None
+               else sample(step.logits, [s.params for s in seqs], [s.generator for s in seqs]))
         return [self._fail(seq, f"sampling failed: {tok!r}") if isinstance(tok, Exception) else self._append(seq, tok)
-                for seq, tok in zip(seqs, new_ids)]
+                for seq, tok in zip(seqs, ids) if seq.finish_reason is None]
+
+    def _launch_ahead(self, step: PendingStep) -> PendingStep | None:
+        """The next decode step of `step`'s sequences, queued before `step`'s tokens are read: its input tokens are
+        the ones `step` drew, on the device. Only where that is the whole next step: every running sequence took a
+        token in `step`, nothing waits, no grammar (its mask needs the token), and each has room for its next token;
+        those that stop by their length with the token they took are left out."""
+        seqs = step.seqs
+        if (step.tokens is None or self.waiting or self.layered is not None or len(seqs) != len(self.running)
+                or any(s.matcher is not None or not self.cache.can_allocate(s.kv, 1) for s in seqs)):
+            return None
+        keep = [i for i, s in enumerate(seqs)
+                if s.num_output + 1 < s.params.max_tokens and len(s.all_ids) + 1 < s.max_len]
+        graphs = self.graphs
+        if not keep or (graphs is not None and graphs.capture and len(keep) <= graphs.max_batch
+                        and ("decode", len(keep)) not in graphs.graphs):  # (no capture behind a queued step)
+            return None
+        ahead = [seqs[i] for i in keep]
+        tokens = step.tokens
+        if len(keep) < len(seqs):
+            tokens = tokens[torch.tensor(keep).to(tokens.device, non_blocking=True)]
+        for seq in ahead:
+            self.cache.allocate(seq.kv, 1)
+        positions = [seq.kv.num_tokens for seq in ahead]
+        batch = AttentionBatch([seq.kv for seq in ahead], [1] * len(ahead))
+        hidden = graphs.run(tokens, positions, batch) if graphs is not None else None
+        if hidden is None:
+            hidden = self.model(tokens, torch.tensor(positions, device=self.args.device), self.cache, batch)
+        self.on_launch()
+        return self._draw(ahead, hidden[:len(ahead)], batch)
 
     def fail_step(self, error: Exception) -> list[RequestOutput]:
         """The step under way raised: fail the requests it carried (their KV may be half written) and
         keep the others, which wait and run in later steps."""
         # a failure before the step's plan existed cannot be attributed: it fails every request
         failed = [seq for seq in self.scheduled or self.running + self.waiting if seq.request_id in self.requests]
-        self.scheduled = []
+        self.scheduled, self.pending = [], None
         return [self._fail(seq, f"engine step failed: {error!r}") for seq in failed]
 
     def _fail(self, seq: Sequence, error: str) -> RequestOutput:

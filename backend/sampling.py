@@ -116,32 +116,36 @@ class SamplingParams:
 
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None]) -> list[int | Exception]:
-    """One token per row of logits [B, V]; greedy rows take the argmax, the others sample as one batch: one device
-    sync for the whole batch (a row at a time, a step of 32 sampled rows waited on the GPU 32 times). Should the
-    batch raise, each row samples alone, so that one request's failure is that request's alone."""
-    if all(p.greedy for p in params):
-        return logits.argmax(-1).tolist()
+    """One token per row of logits [B, V] (`draw`), read on the host: one wait on the GPU for the whole batch (a row at
+    a time, a step of 32 sampled rows waited 32 times). Should the batch raise, each row samples alone, so that one
+    request's failure is that request's alone."""
     try:
-        return [t if t >= 0 else ValueError("no token has a finite probability")
-                for t in sample_batch(logits, params, generators).tolist()]
+        return read_tokens(draw(logits, params, generators))
     except Exception:  # noqa: BLE001 - then row by row, each row's error its own
         pass
     out: list[int | Exception] = []
     for row, p, gen in zip(logits, params, generators):
         try:
-            out.append(sample_batch(row[None], [p], [gen]).item())
+            out.append(read_tokens(draw(row[None], [p], [gen]))[0])
         except Exception as e:  # noqa: BLE001 - reported to that request
             out.append(e)
     return out
 
 
-def sample_batch(logits: torch.Tensor, params: list[SamplingParams],
-                 generators: list[torch.Generator | None]) -> torch.Tensor:
-    """Token ids [B] on the logits' device, -1 where a row has no token of finite probability. Temperature, then
-    top-k (ties at the k-th value kept), then top-p (the smallest prefix reaching it, always the most likely token),
-    then an exponential race: the argmax of p / E, E ~ Exp(1), picks token i with probability p_i, without the
-    multinomial's host sync. A seeded row draws its E from its own generator, so its tokens do not depend on the
-    other rows of the batch."""
+def read_tokens(tokens: torch.Tensor) -> list[int | Exception]:
+    """`draw`'s tokens on the host (the wait on the GPU), an error where a row drew none."""
+    return [t if t >= 0 else ValueError("no token has a finite probability") for t in tokens.tolist()]
+
+
+def draw(logits: torch.Tensor, params: list[SamplingParams],
+         generators: list[torch.Generator | None]) -> torch.Tensor:
+    """Token ids [B] on the logits' device, queued without waiting for the GPU; -1 where a row has no token of
+    finite probability. Greedy rows take the argmax. The others: temperature, then top-k (ties at the k-th value
+    kept), then top-p (the smallest prefix reaching it, always the most likely token), then an exponential race: the
+    argmax of p / E, E ~ Exp(1), picks token i with probability p_i, without the multinomial's host sync. A seeded
+    row draws its E from its own generator, so its tokens do not depend on the other rows of the batch."""
+    if all(p.greedy for p in params):
+        return logits.argmax(-1)
     B, V = logits.shape
     ks = [min(p.top_k, V) if p.top_k > 0 else V for p in params]
     rows = [(1.0 if p.greedy else p.temperature, k, p.top_p if p.top_p < 1 else 2.0, p.greedy)

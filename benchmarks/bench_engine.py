@@ -228,8 +228,9 @@ def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv
     `alrkvd` (`alrkvd-rotated`, `alrkvd-gpu`) gives two rows from one engine: the blocks a decode step fills
     compressed when the step's forward is queued (CUDA graphs where decode steps replay them), and the same
     eagerly.
-    `modes`: decode steps replayed as CUDA graphs (`graphs`, the engine's default where it can) or launched
-    from Python (`eager`), in the same engine."""
+    `modes`: decode steps replayed as CUDA graphs (`graphs`, the engine's default where it can), the same with each
+    step queued before the last one's tokens are read (`async`, `async_scheduling`), or launched from Python
+    (`eager`), in the same engine."""
     rows = []
     bw = copy_bandwidth()
     for name, fraction, kv_format in [(n, f, k) for n in shapes for f in expert_fractions for k in kv_formats]:
@@ -259,7 +260,8 @@ def bench_gpu(shapes, batches, contexts, steps: int, expert_fractions=(1.0,), kv
                 for (label, compress), mode in [(v, m) for v in variants for m in modes]:
                     if compress is not None:
                         engine.cache.compress_blocks = compress
-                    engine.graphs = graphs if mode == "graphs" else None
+                    engine.graphs = graphs if mode in ("graphs", "async") else None
+                    engine.args.async_scheduling = mode == "async"
                     row = {"model": name, "batch": batch, "context": context, "weights_gb": weights / 1e9,
                            "expert_fraction": fraction, "kv_format": label,
                            "mode": mode if mode == "eager" or graphs is not None else "eager (no graphs)",
@@ -297,6 +299,8 @@ def run_decode(engine: LLMEngine, counter: ExpertCounter, batch: int, context: i
         rids.append(rid)
     engine.waiting, engine.running = [], [engine.requests[r] for r in rids]
     sync = torch.cuda.synchronize if engine.args.device.startswith("cuda") else (lambda: None)
+    queued = engine.args.async_scheduling  # then a step returns the last one's tokens, the next one queued:
+    step_sync = (lambda: None) if queued else sync  # its wall is the time between steps, not one step's alone
     warmup = []  # the first includes capturing this batch size's graph, when graphs are on and it is new
     for _ in range(3):
         t0 = time.perf_counter()
@@ -310,8 +314,12 @@ def run_decode(engine: LLMEngine, counter: ExpertCounter, batch: int, context: i
     for _ in range(steps):
         t0 = time.perf_counter()
         engine.step()
-        sync()
+        step_sync()
         times.append(time.perf_counter() - t0)
+    if queued:  # the queued step's tokens, nothing queued behind it
+        engine.args.async_scheduling = False
+        engine.step()
+        engine.args.async_scheduling = True
     streaming = {}
     if expert_cache is not None:
         st = expert_cache.stats()
@@ -451,7 +459,9 @@ def main():
     ap.add_argument("--cpu-logits", action="store_true", help="logit drift of fp16 weights and of transformers bf16")
     ap.add_argument("--gpu-alrkvd-tokens", action="store_true", help="ALR-KVD kernel vs PyTorch path, greedy tokens")
     ap.add_argument("--tokens-formats", default="alrkvd", help="formats of --gpu-alrkvd-tokens, e.g. alrkvd,kivi4")
-    ap.add_argument("--modes", default="graphs", help="--gpu: graphs,eager compares CUDA-graph and eager decode steps")
+    ap.add_argument("--modes", default="graphs",
+                    help="--gpu: graphs,async,eager compares CUDA-graph decode steps, the same queued ahead "
+                         "(async_scheduling) and eager ones")
     ap.add_argument("--gpu-prefill", action="store_true", help="time to first token of long prompts per KV format")
     ap.add_argument("--gpu-mixed", type=int, metavar="TOKENS",
                     help="steps of TOKENS tokens, a prompt chunk beside the decodes: CUDA graph against eager")

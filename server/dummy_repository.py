@@ -125,6 +125,9 @@ def main() -> None:
     p.add_argument("--overlap-outputs", action=argparse.BooleanOptionalAction,
                    help="a step's outputs go to their streams once the next step is on the GPU (overlap_outputs; "
                         "default: the engine's, on with CUDA); --no-overlap-outputs for a baseline")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
+                   help="while every running sequence decodes, the next step is queued before the last one's tokens "
+                        "reach the host (async_scheduling; default: the engine's, off)")
     a = p.parse_args()
     options = {"kv_budget_bytes": int(a.kv_budget_gb * 2**30), "max_model_len": a.max_model_len,
                "max_num_seqs": a.max_num_seqs, "max_num_batched_tokens": 2048, "moe_routing": a.moe_routing}
@@ -145,6 +148,8 @@ def main() -> None:
         options["enable_prefix_caching"] = a.prefix_caching
     if a.overlap_outputs is not None:
         options["overlap_outputs"] = a.overlap_outputs
+    if a.async_scheduling is not None:
+        options["async_scheduling"] = a.async_scheduling
     if a.expert_fraction is not None:
         options["expert_budget_bytes"] = int(a.expert_fraction * routed_expert_bytes(SHAPES[a.shape]))
     write(a.out, a.shape, a.name, options)

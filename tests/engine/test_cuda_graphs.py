@@ -126,6 +126,13 @@ def test_graphs_give_the_eager_tokens(tmp_path, shape, kv_format):
     if eager_counts is not None:  # graph replays count routed tokens (alrkvd:moe_expert_load_imbalance) as eager steps do
         assert eager_counts.sum() > 0 and torch.equal(engine.routing_counts(), eager_counts)
     assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
+    # `async_scheduling`: each decode step replayed with the tokens the last one drew, before the host read them
+    engine.args.async_scheduling, queued = True, []
+    step = engine.step
+    engine.step = lambda: (queued.append(engine.pending is not None), step())[1]
+    assert generate() == expected
+    assert sum(queued) >= max(steps) - 4  # all but the prompts' step and those after a finish
+    assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
 
 
 def test_capture_all_stops_at_what_the_cache_holds(tmp_path):
