@@ -46,7 +46,7 @@ import time
 
 import torch
 
-from backend.kv_cache import AttentionBatch, PagedKVCache, SeqKV
+from backend.kv_cache import AttentionBatch, PagedKVCache, SeqKV, queued_copy
 from backend.model import MoE, Transformer
 
 TOKEN_SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048)  # graph sizes of steps with prompt chunks, up to max_tokens
@@ -150,7 +150,7 @@ class StepGraphs:
             pad, num_tiles = (size - T, *place), self.cache.num_tiles(size, self.max_batch)
         if key[0] != "pieces":  # (the eager attention between pieces builds what it reads)
             batch.decode_meta = self.cache.build_decode_meta(batch, self.meta, pad, num_tiles, self.cache.rows_apart)
-        self.tokens[:T].copy_(tokens if torch.is_tensor(tokens) else torch.tensor(tokens), non_blocking=True)
+        queued_copy(self.tokens[:T], tokens if torch.is_tensor(tokens) else torch.tensor(tokens))
         if size > T:
             self.tokens[T:size].zero_()
         self._rows(positions, size, batch, mixed=key[0] != "decode")
@@ -218,7 +218,7 @@ class StepGraphs:
         """The step's positions and, in a step with prompt rows, which of its `size` rows are its own; the padding
         rows at position 0 count no routed token (they route to no expert of their own: MoE.forward)."""
         T = len(positions)
-        self.positions[:T].copy_(torch.tensor(positions), non_blocking=True)
+        queued_copy(self.positions[:T], torch.tensor(positions))
         if mixed:
             self.valid[:T].fill_(True)
             self.valid[T:size].fill_(False)
@@ -421,7 +421,6 @@ class CompressGraphs:
 
     def __init__(self, cache: PagedKVCache, capture: bool = True):
         self.cache, self.format, self.capture = cache, cache.format, capture
-        self.on_cuda = str(cache.device).startswith("cuda")
         most, num_layers = cache.COMPRESS_CHUNK, cache.cfg.num_layers
         # a decode step's blocks are every layer's of each sequence that closes one: 1, 2, 4... sequences
         self.sizes = sorted({min(num_layers << i, most) for i in range((most // num_layers).bit_length() + 1)})
@@ -442,8 +441,7 @@ class CompressGraphs:
         pad = size - n
         rows = self.format.storage_rows(layers, block_ids) + [self.scratch_row] * pad
         for buf, values in ((self.rows, rows), (self.starts, list(start_pos) + [0] * pad)):
-            host = torch.tensor(values)  # through pinned memory on CUDA: a pageable copy waits for the stream
-            buf[:size].copy_(host.pin_memory() if self.on_cuda else host, non_blocking=True)
+            queued_copy(buf[:size], torch.tensor(values))
         self.k[:n].copy_(k)
         self.v[:n].copy_(v)
         if pad:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from backend.cuda_graphs import StepGraphs
-from backend.kv_cache import AttentionBatch, PagedKVCache, SeqKV
+from backend.kv_cache import AttentionBatch, PagedKVCache, SeqKV, queued_copy
 from backend.kv_formats import FORMATS
 from backend.kv_presets import PRESETS, resolve_kv
 from backend.loader import load_model, resolve_source
@@ -674,7 +674,8 @@ class LLMEngine:
         ahead = [seqs[i] for i in keep]
         tokens = step.tokens
         if len(keep) < len(seqs):
-            tokens = tokens[torch.tensor(keep).to(tokens.device, non_blocking=True)]
+            tokens = tokens[queued_copy(torch.empty(len(keep), dtype=torch.long, device=tokens.device),
+                                        torch.tensor(keep))]
         for seq in ahead:
             self.cache.allocate(seq.kv, 1)
         positions = [seq.kv.num_tokens for seq in ahead]

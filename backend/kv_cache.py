@@ -35,6 +35,13 @@ VALUE_ROTATION_SEED = 1234  # `rotate_values`: its randomized Hadamard's signs (
 CACHE_OPTIONS = ("block_size", "sink_tokens", "rotate_values")  # the cache's own options; the rest are its format's
 
 
+def queued_copy(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """`dst.copy_(src)` from a host tensor, queued on a CUDA device through pinned memory: from pageable memory the
+    copy waits for the work queued before it, so a step queued behind another (`EngineArgs.async_scheduling`) would
+    wait for that one to finish."""
+    return dst.copy_(src.pin_memory() if dst.is_cuda else src, non_blocking=True)
+
+
 def meta_format(cfg: ModelConfig, kv_format: str, options: dict, dtype):
     """The format of a cache of `kv_format` with `options` (the cache's own and its format's), one block on the meta
     device (no memory): what a block holds and weighs (`bytes_per_block()`)."""
@@ -692,7 +699,7 @@ class PagedKVCache:
         else:  # the rows of this batch; table columns past its widest sequence are never read
             meta = {k: static[k][:len(v)] for k, v in host.items()}
             for k, v in host.items():
-                (meta[k][:, :width] if k == "tables" else meta[k]).copy_(v, non_blocking=True)
+                queued_copy(meta[k][:, :width] if k == "tables" else meta[k], v)
         meta["window_index"] = (meta["window_rows"], meta["offsets"])
         meta["rows_apart"] = rows_apart
         real_rows = len(pos) - pad_rows  # (sequence, position, window slot) of the rows whose token fills a block
