@@ -39,7 +39,7 @@ def queued_copy(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """`dst.copy_(src)` from a host tensor, queued on a CUDA device through pinned memory: from pageable memory the
     copy waits for the work queued before it, so a step queued behind another (`EngineArgs.async_scheduling`) would
     wait for that one to finish."""
-    return dst.copy_(src.pin_memory() if dst.is_cuda else src, non_blocking=True)
+    return dst.copy_(src.pin_memory() if dst.is_cuda and not src.is_cuda else src, non_blocking=True)
 
 
 def meta_format(cfg: ModelConfig, kv_format: str, options: dict, dtype):
