@@ -70,7 +70,7 @@ def test_a_request_cancelled_while_its_step_is_queued_frees_its_blocks(engine):
 def test_blocks_filled_by_decoding_serve_the_next_turn_from_the_prefix_cache(engine, asynchronous, prompt):
     """A chat's next turn repeats its answer: the blocks the answer filled (in queued steps) are found by their
     tokens. (Each arm its own prompt, so that neither finds the other's blocks.)"""
-    first, _ = run(engine, {0: [("turn1", prompt, greedy(150))]}, asynchronous)
+    first, _ = run(engine, {0: [("turn1", prompt, greedy(100))]}, asynchronous)
     turn = engine.tokenize(prompt) + first["turn1"][0] + engine.tokenize(" And then")
     before = engine.prefix_cache_hit_tokens
     engine.args.async_scheduling = asynchronous
@@ -78,7 +78,7 @@ def test_blocks_filled_by_decoding_serve_the_next_turn_from_the_prefix_cache(eng
     while engine.has_unfinished():
         engine.step()
     bs = engine.cache.block_size
-    cached = len(engine.tokenize(prompt)) + 150 - 1  # the first turn's KV: all but its last token
+    cached = len(engine.tokenize(prompt)) + 100 - 1  # the first turn's KV: all but its last token
     assert engine.prefix_cache_hit_tokens - before == min(cached // bs, (len(turn) - 1) // bs) * bs
 
 
