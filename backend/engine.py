@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from backend.cuda_graphs import StepGraphs
-from backend.kv_cache import AttentionBatch, PagedKVCache, SeqKV, queued_copy
+from backend.kv_cache import AttentionBatch, PagedKVCache, SeqKV, queued_tensor
 from backend.kv_formats import FORMATS
 from backend.kv_presets import PRESETS, resolve_kv
 from backend.loader import load_model, resolve_source
@@ -182,7 +182,7 @@ class LayeredChunks:
 
 
 class Sequence:
-    def __init__(self, request_id, prompt_ids, params, detok, priority, max_len, device="cpu"):
+    def __init__(self, request_id, prompt_ids, params, detok, priority, max_len, device):
         self.request_id, self.prompt_ids, self.params, self.priority = request_id, prompt_ids, params, priority
         self.all_ids: list[int] = list(prompt_ids)  # the prompt, then each sampled token: one list, read by every
         # step without a copy (a long context is not rebuilt per step and sequence)
@@ -674,8 +674,7 @@ class LLMEngine:
         ahead = [seqs[i] for i in keep]
         tokens = step.tokens
         if len(keep) < len(seqs):
-            tokens = tokens[queued_copy(torch.empty(len(keep), dtype=torch.long, device=tokens.device),
-                                        torch.tensor(keep))]
+            tokens = tokens[queued_tensor(torch.tensor(keep), tokens.device)]
         for seq in ahead:
             self.cache.allocate(seq.kv, 1)
         positions = [seq.kv.num_tokens for seq in ahead]

@@ -42,6 +42,11 @@ def queued_copy(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     return dst.copy_(src.pin_memory() if dst.is_cuda and not src.is_cuda else src, non_blocking=True)
 
 
+def queued_tensor(src: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on `device`, copied as `queued_copy` copies."""
+    return queued_copy(torch.empty_like(src, device=device), src)
+
+
 def meta_format(cfg: ModelConfig, kv_format: str, options: dict, dtype):
     """The format of a cache of `kv_format` with `options` (the cache's own and its format's), one block on the meta
     device (no memory): what a block holds and weighs (`bytes_per_block()`)."""

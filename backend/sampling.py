@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from backend.kv_cache import queued_copy
+from backend.kv_cache import queued_tensor
 from backend.structured import check_response_format
 
 # What any request may ask, whatever the engine (README "Limits"): checked at the door, before tokenizing.
@@ -152,8 +152,7 @@ def draw(logits: torch.Tensor, params: list[SamplingParams],
     rows = [(1.0 if p.greedy else p.temperature, k, p.top_p if p.top_p < 1 else 2.0, p.greedy)
             for p, k in zip(params, ks)]
     # one copy, queued (a tensor made on the device from a list would wait for the step's forward to finish)
-    params_on_device = torch.empty(B, 4, device=logits.device)
-    temperature, top_k, top_p, greedy = queued_copy(params_on_device, torch.tensor(rows)).unbind(1)
+    temperature, top_k, top_p, greedy = queued_tensor(torch.tensor(rows), logits.device).unbind(1)
     x = logits.float() / temperature[:, None]
     if min(ks) < V:
         top = torch.topk(x, max(k for k in ks if k < V), dim=-1).values
