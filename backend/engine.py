@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from backend.cuda_graphs import StepGraphs
-from backend.kv_cache import AttentionBatch, PagedKVCache, SeqKV, queued_tensor
+from backend.kv_cache import AttentionBatch, PagedKVCache, QueuedRead, SeqKV, queued_tensor
 from backend.kv_formats import FORMATS
 from backend.kv_presets import PRESETS, resolve_kv
 from backend.loader import load_model, resolve_source
@@ -150,11 +150,13 @@ class RequestOutput:
 @dataclass
 class PendingStep:
     """A step whose forward and sampling are queued on the device (`async_scheduling`): its decoding sequences, their
-    logits and the tokens drawn from them (None where the batch's draw raised: they sample row by row when read)."""
+    logits, the tokens drawn from them and their copy to the host (None where the batch's draw raised: they sample
+    row by row when read)."""
     seqs: list
     batch: AttentionBatch
     logits: torch.Tensor
     tokens: torch.Tensor | None
+    read: QueuedRead | None
 
 
 @dataclass
@@ -632,7 +634,7 @@ class LLMEngine:
             tokens = draw(logits, [s.params for s in seqs], [s.generator for s in seqs])
         except Exception:  # noqa: BLE001 - the rows sample one by one when read (`sample`), each error its own
             tokens = None
-        return PendingStep(seqs, batch, logits, tokens)
+        return PendingStep(seqs, batch, logits, tokens, QueuedRead(tokens) if tokens is not None else None)
 
     def _go_on(self, step: PendingStep) -> list[RequestOutput]:
         """The step's tokens read and appended to their sequences. With `async_scheduling` the next step is queued
@@ -651,7 +653,7 @@ class LLMEngine:
         """The step's tokens on the host (the wait on the device), each appended to its sequence or failing it alone;
         nothing for the sequences that finished since the step was queued (aborted, timed out, stopped)."""
         seqs = step.seqs
-        ids = (read_tokens(step.tokens) if step.tokens is not None
+        ids = (read_tokens(step.read) if step.read is not None
                else sample(step.logits, [s.params for s in seqs], [s.generator for s in seqs]))
         return [self._fail(seq, f"sampling failed: {tok!r}") if isinstance(tok, Exception) else self._append(seq, tok)
                 for seq, tok in zip(seqs, ids) if seq.finish_reason is None]

@@ -47,6 +47,24 @@ def queued_tensor(src: torch.Tensor, device) -> torch.Tensor:
     return queued_copy(torch.empty_like(src, device=device), src)
 
 
+class QueuedRead:
+    """A device tensor copied to the host behind the work queued before it, without waiting (pinned memory and an
+    event): `tolist()` then waits for that work only. The tensor's own `tolist()` would queue its copy last and so
+    wait for the next step too, when that is queued before this one's tokens are read (`async_scheduling`)."""
+
+    def __init__(self, src: torch.Tensor):
+        self.host, self.done = src, None
+        if src.is_cuda:
+            self.host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True).copy_(src, non_blocking=True)
+            self.done = torch.cuda.Event()
+            self.done.record()
+
+    def tolist(self) -> list:
+        if self.done is not None:
+            self.done.synchronize()
+        return self.host.tolist()
+
+
 def meta_format(cfg: ModelConfig, kv_format: str, options: dict, dtype):
     """The format of a cache of `kv_format` with `options` (the cache's own and its format's), one block on the meta
     device (no memory): what a block holds and weighs (`bytes_per_block()`)."""

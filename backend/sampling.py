@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from backend.kv_cache import queued_tensor
+from backend.kv_cache import QueuedRead, queued_tensor
 from backend.structured import check_response_format
 
 # What any request may ask, whatever the engine (README "Limits"): checked at the door, before tokenizing.
@@ -133,7 +133,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     return out
 
 
-def read_tokens(tokens: torch.Tensor) -> list[int | Exception]:
+def read_tokens(tokens: torch.Tensor | QueuedRead) -> list[int | Exception]:
     """`draw`'s tokens on the host (the wait on the GPU), an error where a row drew none."""
     return [t if t >= 0 else ValueError("no token has a finite probability") for t in tokens.tolist()]
 
