@@ -46,7 +46,8 @@ import time
 
 import torch
 
-from backend.kv_cache import AttentionBatch, PagedKVCache, SeqKV, queued_copy
+from backend.copies import queued_copy
+from backend.kv_cache import AttentionBatch, PagedKVCache, SeqKV
 from backend.model import MoE, Transformer
 
 TOKEN_SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048)  # graph sizes of steps with prompt chunks, up to max_tokens

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 import torch
 
 from backend.cuda_graphs import StepGraphs
-from backend.kv_cache import AttentionBatch, PagedKVCache, QueuedRead, SeqKV, queued_tensor
+from backend.copies import QueuedRead, queued_tensor
+from backend.kv_cache import AttentionBatch, PagedKVCache, SeqKV
 from backend.kv_formats import FORMATS
 from backend.kv_presets import PRESETS, resolve_kv
 from backend.loader import load_model, resolve_source

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from backend.config import ModelConfig
+from backend.copies import queued_copy
 from backend.kv_formats import FORMATS
 from backend.kv_formats.codecs import rotation_matrix, to_bool
 
@@ -33,36 +34,6 @@ VALUE_ROTATION_SEED = 1234  # `rotate_values`: its randomized Hadamard's signs (
 
 
 CACHE_OPTIONS = ("block_size", "sink_tokens", "rotate_values")  # the cache's own options; the rest are its format's
-
-
-def queued_copy(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-    """`dst.copy_(src)` from a host tensor, queued on a CUDA device through pinned memory: from pageable memory the
-    copy waits for the work queued before it, so a step queued behind another (`EngineArgs.async_scheduling`) would
-    wait for that one to finish."""
-    return dst.copy_(src.pin_memory() if dst.is_cuda and not src.is_cuda else src, non_blocking=True)
-
-
-def queued_tensor(src: torch.Tensor, device) -> torch.Tensor:
-    """A host tensor on `device`, copied as `queued_copy` copies."""
-    return queued_copy(torch.empty_like(src, device=device), src)
-
-
-class QueuedRead:
-    """A device tensor copied to the host behind the work queued before it, without waiting (pinned memory and an
-    event): `tolist()` then waits for that work only. The tensor's own `tolist()` would queue its copy last and so
-    wait for the next step too, when that is queued before this one's tokens are read (`async_scheduling`)."""
-
-    def __init__(self, src: torch.Tensor):
-        self.host, self.done = src, None
-        if src.is_cuda:
-            self.host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True).copy_(src, non_blocking=True)
-            self.done = torch.cuda.Event()
-            self.done.record()
-
-    def tolist(self) -> list:
-        if self.done is not None:
-            self.done.synchronize()
-        return self.host.tolist()
 
 
 def meta_format(cfg: ModelConfig, kv_format: str, options: dict, dtype):

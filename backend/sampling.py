@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from backend.kv_cache import QueuedRead, queued_tensor
+from backend.copies import QueuedRead, queued_tensor
 from backend.structured import check_response_format
 
 # What any request may ask, whatever the engine (README "Limits"): checked at the door, before tokenizing.
