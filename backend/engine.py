@@ -523,7 +523,7 @@ class LLMEngine:
         if self.pending is not None:  # a decode step queued before the last one's tokens were read
             step, self.pending = self.pending, None
             self.scheduled, self.plan = step.seqs, [(seq, 1) for seq in step.seqs]
-            outputs = self._go_on(step)
+            outputs = self._go_on(step, queued=True)
             if self.step_cost is not None:
                 self.step_cost.observe(self.step_tokens(), (time.perf_counter() - start) * 1e3)
             return outputs
@@ -637,10 +637,13 @@ class LLMEngine:
             tokens = None
         return PendingStep(seqs, batch, logits, tokens, QueuedRead(tokens) if tokens is not None else None)
 
-    def _go_on(self, step: PendingStep) -> list[RequestOutput]:
-        """The step's tokens read and appended to their sequences. With `async_scheduling` the next step is queued
-        before that (`_launch_ahead`), and its KV committed after: the prefix cache hashes a block with its tokens."""
+    def _go_on(self, step: PendingStep, queued: bool = False) -> list[RequestOutput]:
+        """The step's tokens read and appended to their sequences (`queued`: a step queued ahead by the last one).
+        With `async_scheduling` the next step is queued before that (`_launch_ahead`), and its KV committed after:
+        the prefix cache hashes a block with its tokens."""
         ahead = self._launch_ahead(step) if self.args.async_scheduling else None
+        if queued and ahead is None:  # `step` went on the device in the last step: the hook runs before the wait,
+            self.on_launch()            # else the outputs it hands over would wait for `step` too
         outputs = self._take(step)
         if ahead is not None:
             self.cache.commit(ahead.batch)

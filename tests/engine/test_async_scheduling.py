@@ -5,6 +5,7 @@ import asyncio
 
 import pytest
 
+import backend.engine
 from backend.engine import AsyncEngine, EngineArgs, LLMEngine
 from backend.sampling import SamplingParams
 
@@ -64,6 +65,29 @@ def test_a_request_cancelled_while_its_step_is_queued_frees_its_blocks(engine):
     sync, _ = run(engine, arrivals, asynchronous=False, abort={6: "a"})
     queued, ahead = run(engine, arrivals, asynchronous=True, abort={6: "a"})
     assert queued == sync and queued["a"][1] == "cancelled" and ahead > 0
+
+
+def test_each_step_signals_its_launch_before_it_waits_for_tokens(engine, monkeypatch):
+    """`on_launch` (where `overlap_outputs` hands the last step's outputs to their streams) runs in every step before
+    its tokens are read, a queued step that queues nothing behind it (a prompt arrived) included: else the outputs it
+    hands over would wait for that step too (inter-token gaps of two steps, then none, wherever prompts arrive)."""
+    events = []
+    monkeypatch.setattr(engine, "on_launch", lambda: events.append("launch"))
+    read = backend.engine.read_tokens
+    monkeypatch.setattr(backend.engine, "read_tokens", lambda tokens: (events.append("read"), read(tokens))[1])
+    engine.args.async_scheduling = True
+    arrivals = {0: [("a", PROMPTS[0], greedy(12))], 5: [("b", PROMPTS[1], greedy(4))]}
+    step, ahead_then_prompt = 0, 0
+    while engine.has_unfinished() or step in (0, 5):
+        for rid, prompt, params in arrivals.get(step, []):
+            engine.add_request(prompt, params, request_id=rid)
+        ahead_then_prompt += engine.pending is not None and bool(engine.waiting)
+        events.clear()
+        engine.step()
+        if "read" in events:
+            assert "launch" in events and events.index("launch") < events.index("read"), (step, events)
+        step += 1
+    assert ahead_then_prompt == 1  # the case in question came once
 
 
 @pytest.mark.parametrize("asynchronous, prompt", [(False, PROMPTS[1]), (True, PROMPTS[2])])
