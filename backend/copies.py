@@ -30,6 +30,10 @@ class QueuedRead:
             self.done = torch.cuda.Event()
             self.done.record()
 
+    def ready(self) -> bool:
+        """The copy has landed (no wait)."""
+        return self.done is None or self.done.query()
+
     def tolist(self) -> list:
         if self.done is not None:
             self.done.synchronize()

@@ -3,7 +3,9 @@ from kernels.testing import use_interpreter_without_gpu
 
 use_interpreter_without_gpu()
 
+import asyncio  # noqa: E402
 import os  # noqa: E402
+import time  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -12,7 +14,7 @@ import transformers  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
 from backend import moefy  # noqa: E402
-from backend.engine import EngineArgs, LLMEngine  # noqa: E402
+from backend.engine import AsyncEngine, EngineArgs, LLMEngine, SamplingParams  # noqa: E402
 from backend.loader import load_model, read_gguf  # noqa: E402
 from backend.tokenizer import default_model_path  # noqa: E402
 
@@ -51,6 +53,35 @@ def test_logits_match_transformers(folder, split):
     assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() > 0.99
     counts = engine.routing_counts()  # what /metrics reports: every token's k experts, in every layer
     assert counts.shape == (30, E) and (counts.sum(1) == len(ids) * k).all()
+
+
+def test_served_routing_counts_are_published_by_the_engine_thread(folder, split):
+    """Other threads (the metrics') read the counts the engine thread copied to the host, never the device's own:
+    they catch up with the engine's once it idles, and later steps do not change a copy already read."""
+    meta, _ = split
+    k = int(meta["top_k"])
+    served = AsyncEngine(EngineArgs(model=moefy.NAME, kv_format="full", max_num_seqs=2))
+
+    async def run(request_id):
+        async for out in served.generate("Route me through the experts", SamplingParams(max_tokens=4, temperature=0),
+                                         request_id):
+            pass
+        return out
+
+    try:
+        assert served.routing_counts().sum() == 0
+        out = asyncio.run(run("a"))
+        deadline = time.monotonic() + 10
+        while not torch.equal(served.routing_counts(), served.engine.routing_counts()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        read = served.routing_counts()
+        assert torch.equal(read, served.engine.routing_counts())
+        tokens = out.num_prompt_tokens + out.num_output_tokens - 1  # the last token drawn, never fed back
+        assert (read.sum(1) == tokens * k).all()
+        asyncio.run(run("b"))
+        assert (read.sum(1) == tokens * k).all()  # a copy: the next request's routing is not in it
+    finally:
+        served.shutdown()
 
 
 def test_moe_layer_is_the_sum_of_the_chosen_neurons(folder, split):
