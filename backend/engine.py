@@ -669,7 +669,10 @@ class LLMEngine:
         """The next decode step of `step`'s sequences, queued before `step`'s tokens are read: its input tokens are
         the ones `step` drew, on the device. Only where that is the whole next step: every running sequence took a
         token in `step`, nothing waits, no grammar (its mask needs the token), and each has room for its next token;
-        those that stop by their length with the token they took are left out."""
+        those that stop by their length with the token they took are left out. Nor where the next step closes a block
+        of a compressed cache: its compression waits on the host for the device (the basis solve's eigh), which, with a
+        step queued, is that step too; the outputs then came a step late (ALR-KVD served with queued steps, H100,
+        journal 2026-12-07 42a)."""
         seqs = step.seqs
         if (step.tokens is None or self.waiting or self.layered is not None or len(seqs) != len(self.running)
                 or any(s.matcher is not None or not self.cache.can_allocate(s.kv, 1) for s in seqs)):
@@ -677,8 +680,9 @@ class LLMEngine:
         keep = [i for i, s in enumerate(seqs)
                 if s.num_output + 1 < s.params.max_tokens and len(s.all_ids) + 1 < s.max_len]
         graphs = self.graphs
-        if not keep or (graphs is not None and graphs.capture and len(keep) <= graphs.max_batch
-                        and ("decode", len(keep)) not in graphs.graphs):  # (no capture behind a queued step)
+        if not keep or any(self.cache.closes_block(seqs[i].kv) for i in keep) or (
+                graphs is not None and graphs.capture and len(keep) <= graphs.max_batch
+                and ("decode", len(keep)) not in graphs.graphs):  # (no capture behind a queued step)
             return None
         ahead = [seqs[i] for i in keep]
         tokens = step.tokens
