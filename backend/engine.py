@@ -670,9 +670,8 @@ class LLMEngine:
         the ones `step` drew, on the device. Only where that is the whole next step: every running sequence took a
         token in `step`, nothing waits, no grammar (its mask needs the token), and each has room for its next token;
         those that stop by their length with the token they took are left out. Nor where the next step closes a block
-        of a compressed cache: its compression waits on the host for the device (the basis solve's eigh), which, with a
-        step queued, is that step too; the outputs then came a step late (ALR-KVD served with queued steps, H100,
-        journal 2026-12-07 42a)."""
+        whose compression waits on the host for the device (ALR-KVD's basis solve), which, with a step queued, is that
+        step too; the outputs then came a step late (ALR-KVD served with queued steps, H100, journal 2026-12-07 42a)."""
         seqs = step.seqs
         if (step.tokens is None or self.waiting or self.layered is not None or len(seqs) != len(self.running)
                 or any(s.matcher is not None or not self.cache.can_allocate(s.kv, 1) for s in seqs)):
@@ -680,7 +679,7 @@ class LLMEngine:
         keep = [i for i, s in enumerate(seqs)
                 if s.num_output + 1 < s.params.max_tokens and len(s.all_ids) + 1 < s.max_len]
         graphs = self.graphs
-        if not keep or any(self.cache.closes_block(seqs[i].kv) for i in keep) or (
+        if not keep or any(self.cache.closing_waits_on_host(seqs[i].kv) for i in keep) or (
                 graphs is not None and graphs.capture and len(keep) <= graphs.max_batch
                 and ("decode", len(keep)) not in graphs.graphs):  # (no capture behind a queued step)
             return None

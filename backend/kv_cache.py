@@ -337,9 +337,10 @@ class PagedKVCache:
         total = -(-(seq.num_tokens + num_new) // self.block_size)
         return max(0, total - len(seq.block_table))
 
-    def closes_block(self, seq: SeqKV) -> bool:
-        """A decode of `seq`'s next token fills its block, which a windowed format compresses (`commit`)."""
-        return self.windowed and (seq.num_tokens + 1) % self.block_size == 0
+    def closing_waits_on_host(self, seq: SeqKV) -> bool:
+        """A decode of `seq`'s next token fills its block, whose compression at `commit` waits on the host for the
+        device (`KVFormat.encode_waits_on_host`)."""
+        return self.format.encode_waits_on_host and (seq.num_tokens + 1) % self.block_size == 0
 
     def can_allocate(self, seq: SeqKV, num_new: int, reserve: int = 0) -> bool:
         if self.windowed and seq.window_slot is None and not self.free_slots:

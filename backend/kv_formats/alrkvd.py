@@ -40,6 +40,7 @@ class ALRKVDFormat(KVFormat):
     windowed = True
     rope_on_read = True
     default_block_size = 128
+    encode_waits_on_host = True  # the basis solve's eigh checks its result on the host (`ritz_solve`)
     OPTIONS = {
         "rank_budget": (int, None),      # total rank rows per (layer, block) over 2H streams; None -> see below
         "rank_per_head": (float, 4.0),   # default budget = round(rank_per_head * 2H)

@@ -43,6 +43,7 @@ class KVFormat:
     rope_on_read = False
     default_block_size = 16
     wants_saliency = False  # True: encode takes each token's saliency (the attention it received in the window)
+    encode_waits_on_host = False  # True: compressing a block makes the host wait for the device
     OPTIONS: dict[str, tuple[Callable[[Any], Any], Any]] = {}
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,

@@ -35,9 +35,9 @@ def run(engine, arrivals, asynchronous, abort=None):
         for out in engine.step():
             if out.finished:
                 final[out.request_id] = (out.token_ids, out.finish_reason)
-        if engine.pending is not None and engine.cache.windowed:  # its KV committed: its position is the last
+        if engine.pending is not None and engine.cache.format.encode_waits_on_host:  # its KV committed: its last token
             assert all(seq.kv.num_tokens % engine.cache.block_size for seq in engine.pending.seqs), \
-                "a queued step closes a compressed block (its compression would wait for the step behind)"
+                "a queued step closes a block whose compression waits on the host (and so for the step behind)"
         step += 1
     assert engine.pending is None
     assert engine.cache.allocator.num_free == engine.cache.allocator.num_blocks
