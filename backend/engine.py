@@ -883,7 +883,7 @@ class AsyncEngine:
         self.held: list[RequestOutput] = []  # the last step's outputs, until the next step is on the device
         if self.overlap_outputs:
             self.engine.on_launch = self._deliver
-        self.routing = self.engine.routing_counts()  # the counts last published for other threads (`_publish_routing`)
+        self.routing = self.engine.routing_counts()  # the counts last published for other threads (`_publish`)
         self.routing_read: QueuedRead | None = None  # the next, on its way to the host
         self.routing_due = 0.0  # time.monotonic() when the next is queued
         self.stopped = False
@@ -995,11 +995,13 @@ class AsyncEngine:
                 if out is not None:
                     self._send(payload, out)
 
-    def _publish_routing(self, interval_s: float = 0.5):
-        """The routed-token counts for other threads: copied to the host behind the queued steps every `interval_s`,
-        without waiting, and published once landed. Read from the device by the metrics thread itself, the copy waited
-        behind the queued steps (36 ms at 32 users) and, with steps queued, every stream stalled about as often as a
-        request ended; without that read the stalls went from 15 to 7 a second (H100, journal 2026-12-07 42a)."""
+    def _publish(self, interval_s: float = 0.5):
+        """What other threads read (`stats`, `routing_counts`). The routed-token counts are copied to the host behind
+        the queued steps every `interval_s`, without waiting, and published once landed. Read from the device by the
+        metrics thread itself, the copy waited behind the queued steps (36 ms at 32 users) and, with steps queued,
+        every stream stalled about as often as a request ended; without that read the stalls went from 15 to 7 a
+        second (H100, journal 2026-12-07 42a)."""
+        self._stats = self.engine.stats()
         read = self.routing_read
         if read is not None and read.ready():
             self.routing, self.routing_read = read.host, None
@@ -1030,8 +1032,7 @@ class AsyncEngine:
         while not self.stopped:
             self._drain_inbox()
             if not self.engine.has_unfinished():
-                self._stats = self.engine.stats()
-                self._publish_routing()
+                self._publish()
                 self.wakeup.wait(timeout=0.5)
                 self.wakeup.clear()
                 continue
@@ -1048,8 +1049,7 @@ class AsyncEngine:
             self.held = outputs
             if not self.overlap_outputs or not self.engine.has_unfinished():
                 self._deliver()
-            self._stats = self.engine.stats()
-            self._publish_routing()
+            self._publish()
         self._deliver()
         for request_id in list(self.engine.requests):  # shutdown: end every stream
             out = self.engine.abort(request_id)
