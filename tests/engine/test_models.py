@@ -20,7 +20,7 @@ from kernels.fused_moe import fused_moe, moe_kernel_variant  # noqa: E402
 # float32: equal up to summation order.
 ATOL_FP32 = 1e-4
 
-COMMON = dict(vocab_size=49152, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+COMMON = dict(vocab_size=49152, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=512)
 CONFIGS = {
     "llama": lambda: transformers.LlamaConfig(**COMMON, intermediate_size=96, tie_word_embeddings=True,
