@@ -65,15 +65,22 @@ def test_decodes_never_wait_and_tokens_do_not_change(engine):
 def test_layered_prefill_a_group_of_layers_a_step_the_same_tokens(kv_format):
     """`layered_prefill=4`: a document arriving beside a decoding chat goes through SmolLM2's 30 layers in groups of
     8, 8, 8 and 6, a group a step, in chunks of up to 512 tokens, the chat's decode in every step and no other prompt
-    beside; the same greedy tokens as without layering (whole chunks beside the decode)."""
+    beside; the same greedy tokens as without layering (whole chunks beside the decode). Each step's group of layers
+    goes on the device before any of the step's tokens is read (the device runs it while the host takes them)."""
     args = dict(model="default", kv_format=kv_format, max_num_seqs=4, max_num_batched_tokens=512)
     arrivals = {0: [("chat", CHAT, 20)], 2: [("doc", DOCUMENT, 4)]}
     plain = run_checking_plans(LLMEngine(EngineArgs(**args)), arrivals)
     steps, engine = [], LLMEngine(EngineArgs(**args, layered_prefill=4))
+    calls, step, run_layers, take = [], engine.step, engine._run_layers, engine._take
+    engine.step = lambda: calls.append([]) or step()
+    engine._run_layers = lambda decodes: calls[-1].append("layers") or run_layers(decodes)
+    engine._take = lambda pending: calls[-1].append("take") or take(pending)
     assert run_checking_plans(engine, arrivals, layered=steps) == plain
     doc = len(engine.tokenize(DOCUMENT))
     groups = [(0, 8, 1), (8, 16, 1), (16, 24, 1), (24, 30, 1)]  # consecutive steps, from the document's arrival
     assert steps[2:10] == [([("doc", 512)], *g) for g in groups] + [([("doc", doc - 512)], *g) for g in groups]
+    layered = [c for c in calls if "layers" in c]
+    assert len(layered) == 8 and all(c[0] == "layers" and "take" in c for c in layered), layered
 
 
 QWEN3_MOE = dict(model_type="qwen3_moe", vocab_size=512, hidden_size=128, num_hidden_layers=6, num_attention_heads=4,
