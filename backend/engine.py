@@ -150,9 +150,10 @@ class RequestOutput:
 
 @dataclass
 class PendingStep:
-    """A step whose forward and sampling are queued on the device (`async_scheduling`): its decoding sequences, their
-    logits, the tokens drawn from them and where the host reads them (a copy queued to the host when steps are queued,
-    else the tokens; None where the batch's draw raised: they sample row by row when read)."""
+    """A step whose forward and sampling are queued on the device: its decoding sequences, their logits, the tokens
+    drawn from them and where the host reads them (a copy queued to the host where more work is queued behind it: the
+    next step, `async_scheduling`, or a layered step's group of layers; else the tokens; None where the batch's draw
+    raised: they sample row by row when read)."""
     seqs: list
     batch: AttentionBatch
     logits: torch.Tensor
