@@ -539,8 +539,8 @@ class LLMEngine:
         # a layered step's group of layers is queued before its decodes' tokens are read, so that the device runs
         # it while the host takes them (read the other way, the device waited 2.6 ms of a 14.9-ms layered step for
         # the host, H100, 8 users, journal 2026-12-08 43c)
-        layered = self._run_layers(decodes=bool(scheduled)) if self.layered is not None else []
-        outputs = (self._go_on(step) if step is not None else []) + layered
+        first_tokens = self._run_layers(decodes=bool(scheduled)) if self.layered is not None else []
+        outputs = (self._go_on(step) if step is not None else []) + first_tokens
         if self.step_cost is not None:  # the step's tokens have synchronised: its wall time is its cost
             self.step_cost.observe(self.step_tokens(), (time.perf_counter() - start) * 1e3)
         return outputs
